@@ -1,0 +1,150 @@
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from transformer_lib import KVCache, MultiHeadAttention, causal_mask, padding_mask, scaled_dot_product_attention
+from transformer_lib.interop import copy_from_torch
+
+
+def qkv(B=2, H=3, T_q=5, T_k=7, d=8, dtype=torch.float32):
+    return (torch.randn(B, H, T_q, d, dtype=dtype), torch.randn(B, H, T_k, d, dtype=dtype),
+            torch.randn(B, H, T_k, d, dtype=dtype))
+
+
+@pytest.mark.parametrize("mask_kind", ["none", "causal", "padding", "random"])
+def test_explicit_attention_equals_pytorch(mask_kind):
+    q, k, v = qkv(T_q=6, T_k=6)
+    mask = {"none": None, "causal": causal_mask(6),
+            "padding": padding_mask(torch.tensor([[1, 2, 3, 4, 0, 0], [1, 2, 3, 4, 5, 6]]), 0),
+            "random": torch.rand(2, 3, 6, 6) > 0.3}[mask_kind]
+    if mask is not None and mask_kind == "random":
+        mask[..., 0] = True  # keep every row attending somewhere; fully masked rows are tested separately
+    out, w = scaled_dot_product_attention(q, k, v, mask=mask)
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+    torch.testing.assert_close(w.sum(-1), torch.ones(2, 3, 6))
+    assert (w >= 0).all()
+    if mask is not None:
+        assert (w.masked_select(~mask.expand_as(w)) == 0).all()
+
+
+def test_scale_is_one_over_sqrt_dk_and_can_be_overridden():
+    q, k, v = qkv(d=16)
+    _, w = scaled_dot_product_attention(q, k, v)
+    torch.testing.assert_close(w, torch.softmax(q @ k.transpose(-2, -1) / 4.0, dim=-1))
+    _, w1 = scaled_dot_product_attention(q, k, v, scale=1.0)
+    torch.testing.assert_close(w1, torch.softmax(q @ k.transpose(-2, -1), dim=-1))
+
+
+def test_fully_masked_row_gives_zeros_not_nan_in_both_paths():
+    mha = MultiHeadAttention(16, 4).eval()
+    x = torch.randn(2, 4, 16)
+    mask = torch.ones(4, 4, dtype=torch.bool)
+    mask[2] = False  # query 2 may attend to nothing
+    q, k, v = qkv(T_q=4, T_k=4)
+    out, w = scaled_dot_product_attention(q, k, v, mask=mask)
+    assert not out.isnan().any() and not w.isnan().any()
+    assert (out[..., 2, :] == 0).all() and (w[..., 2, :] == 0).all()
+    fast = mha(x, x, x, mask=mask)
+    slow, weights = mha(x, x, x, mask=mask, need_weights=True)
+    assert not fast.isnan().any()
+    torch.testing.assert_close(fast, slow)
+    assert (weights[:, :, 2] == 0).all()
+    # Gradients stay finite too.
+    x.requires_grad_(True)
+    mha(x, x, x, mask=mask).sum().backward()
+    assert torch.isfinite(x.grad).all()
+
+
+def test_gradcheck_float64():
+    q, k, v = (t.requires_grad_(True) for t in qkv(B=1, H=2, T_q=3, T_k=4, d=5, dtype=torch.float64))
+    mask = torch.tensor([[True, True, False, True], [True, False, False, False], [False, False, False, False]])
+    assert torch.autograd.gradcheck(lambda a, b, c: scaled_dot_product_attention(a, b, c, mask=mask)[0], (q, k, v))
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_mha_equals_torch_self_and_cross(bias):
+    d, h = 32, 4
+    ours, theirs = MultiHeadAttention(d, h, bias=bias).eval(), nn.MultiheadAttention(d, h, bias=bias, batch_first=True).eval()
+    copy_from_torch(ours, theirs)
+    x, mem = torch.randn(3, 5, d), torch.randn(3, 9, d)  # different lengths catch T_q/T_k mix-ups
+    torch.testing.assert_close(ours(x, x, x), theirs(x, x, x, need_weights=False)[0])
+    out, w = ours(x, mem, mem, need_weights=True)
+    ref_out, ref_w = theirs(x, mem, mem, average_attn_weights=False)
+    torch.testing.assert_close(out, ref_out)
+    torch.testing.assert_close(w, ref_w)
+    # causal mask: PyTorch's bool mask means "blocked", ours "may attend"
+    cm = causal_mask(5)
+    torch.testing.assert_close(ours(x, x, x, mask=cm), theirs(x, x, x, attn_mask=~cm, need_weights=False)[0])
+    torch.testing.assert_close(ours(x, x, x, is_causal=True), ours(x, x, x, mask=cm, need_weights=True)[0])
+    # key padding
+    src = torch.tensor([[4, 5, 6, 0, 0, 0, 0, 0, 0], [4, 5, 6, 7, 8, 9, 1, 2, 3], [1, 0, 0, 0, 0, 0, 0, 0, 0]])
+    pm = padding_mask(src, 0)
+    torch.testing.assert_close(ours(x, mem, mem, mask=pm),
+                               theirs(x, mem, mem, key_padding_mask=(src == 0), need_weights=False)[0])
+
+
+def test_fast_path_equals_explicit_path_with_masks():
+    mha = MultiHeadAttention(24, 3).eval()
+    x = torch.randn(2, 6, 24)
+    for mask in (None, causal_mask(6), padding_mask(torch.tensor([[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1]]), 0)):
+        torch.testing.assert_close(mha(x, x, x, mask=mask), mha(x, x, x, mask=mask, need_weights=True)[0])
+
+
+def test_split_heads_keeps_examples_apart():
+    # The classic bug is .view(n_heads, -1, d_head) that mixes the batch into the heads.
+    mha = MultiHeadAttention(8, 2)
+    x = torch.randn(3, 4, 8)
+    heads = mha.split_heads(x)
+    assert heads.shape == (3, 2, 4, 4)
+    torch.testing.assert_close(heads[1, 1], x[1, :, 4:])
+    torch.testing.assert_close(mha.merge_heads(heads), x)
+
+
+def test_batch_items_are_independent():
+    mha = MultiHeadAttention(16, 4).eval()
+    x = torch.randn(3, 5, 16)
+    full = mha(x, x, x)
+    torch.testing.assert_close(full[1:2], mha(x[1:2], x[1:2], x[1:2]))
+
+
+def test_incremental_decoding_with_cache_equals_full_causal():
+    mha = MultiHeadAttention(16, 4).eval()
+    x = torch.randn(2, 7, 16)
+    full = mha(x, is_causal=True)
+    cache = KVCache()
+    steps = [mha(x[:, :3], is_causal=True, cache=cache)]  # prefill 3 tokens
+    for t in range(3, 7):
+        steps.append(mha(x[:, t:t + 1], is_causal=True, cache=cache))
+    assert len(cache) == 7
+    torch.testing.assert_close(torch.cat(steps, dim=1), full)
+
+
+def test_static_cache_reuses_memory_projection():
+    mha = MultiHeadAttention(16, 4).eval()
+    x, mem = torch.randn(2, 3, 16), torch.randn(2, 5, 16)
+    cache = KVCache(static=True)
+    first = mha(x[:, :1], mem, mem, cache=cache)
+    k_before = cache.k
+    second = mha(x[:, 1:2], mem, mem, cache=cache)
+    assert cache.k is k_before  # not recomputed
+    torch.testing.assert_close(torch.cat([first, second], 1), mha(x[:, :2], mem, mem))
+
+
+def test_dropout_only_in_training():
+    mha = MultiHeadAttention(16, 2, dropout=0.5)
+    x = torch.randn(2, 5, 16)
+    mha.eval()
+    torch.testing.assert_close(mha(x), mha(x))
+    mha.train()
+    assert not torch.allclose(mha(x), mha(x))
+
+
+def test_variance_of_dot_product_grows_with_dk():
+    # The reason for the 1/sqrt(d_k) scale, as chapter 1 shows it.
+    for d_k in (16, 256):
+        q, k = torch.randn(20000, d_k), torch.randn(20000, d_k)
+        var = (q * k).sum(-1).var().item()
+        assert math.isclose(var, d_k, rel_tol=0.1)

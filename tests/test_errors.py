@@ -1,0 +1,73 @@
+"""Bad input gets a clear error that names what was expected and what was given."""
+
+import pytest
+import torch
+
+from transformer_lib import (GPT, EncoderLayer, GPTConfig, LayerNorm, MultiHeadAttention, Seq2SeqTransformer,
+                             causal_mask, combine_masks, padding_mask, scaled_dot_product_attention)
+
+
+def test_d_model_not_divisible_by_n_heads():
+    with pytest.raises(ValueError, match=r"d_model \(10\) must be divisible by n_heads \(3\)"):
+        MultiHeadAttention(10, 3)
+    with pytest.raises(ValueError, match="divisible"):
+        GPTConfig(vocab_size=5, block_size=8, n_head=3, d_model=10)
+
+
+def test_sequence_longer_than_block_size():
+    model = GPT(GPTConfig(vocab_size=5, block_size=8, n_layer=1, n_head=1, d_model=8))
+    with pytest.raises(ValueError, match="length 9, longer than the model's context of 8"):
+        model(torch.zeros(1, 9, dtype=torch.long))
+
+
+def test_token_id_outside_vocabulary():
+    model = GPT(GPTConfig(vocab_size=5, block_size=8, n_layer=1, n_head=1, d_model=8))
+    with pytest.raises(ValueError, match=r"token id 7, outside the vocabulary \[0, 5\)"):
+        model(torch.tensor([[1, 2, 7]]))
+    with pytest.raises(ValueError, match="token id -1"):
+        model(torch.tensor([[1, -1]]))
+    s2s = Seq2SeqTransformer(5, 6, d_model=8, n_heads=2, d_ff=16)
+    with pytest.raises(ValueError, match=r"tgt contains token id 6"):
+        s2s(torch.tensor([[1, 2]]), torch.tensor([[6]]))
+
+
+def test_mask_that_cannot_broadcast():
+    mha = MultiHeadAttention(8, 2)
+    x = torch.randn(2, 5, 8)
+    with pytest.raises(ValueError, match=r"mask of shape \(4, 4\) cannot broadcast to .* \(2, 2, 5, 5\)"):
+        mha(x, mask=causal_mask(4))
+    with pytest.raises(ValueError, match="cannot broadcast"):
+        scaled_dot_product_attention(x, x, x, mask=torch.ones(3, 3, dtype=torch.bool))
+    with pytest.raises(TypeError, match="torch.bool"):
+        mha(x, mask=torch.ones(5, 5))
+    with pytest.raises(TypeError, match="boolean"):
+        combine_masks(causal_mask(3), torch.ones(3, 3))
+    with pytest.raises(ValueError, match=r"\(B, T\)"):
+        padding_mask(torch.zeros(5, dtype=torch.long), 0)
+
+
+def test_wrong_rank_and_dtype():
+    mha = MultiHeadAttention(8, 2)
+    with pytest.raises(ValueError, match=r"query must have rank 3, got rank 2 with shape \(5, 8\)"):
+        mha(torch.randn(5, 8))
+    with pytest.raises(ValueError, match="last dimension 8"):
+        mha(torch.randn(2, 5, 6))
+    with pytest.raises(TypeError, match="floating-point"):
+        mha(torch.ones(2, 5, 8, dtype=torch.long))
+    with pytest.raises(TypeError, match="integer token ids"):
+        GPT(GPTConfig(vocab_size=5, block_size=8, n_layer=1, n_head=1, d_model=8))(torch.zeros(1, 3))
+    with pytest.raises(ValueError, match="rank 2"):
+        GPT(GPTConfig(vocab_size=5, block_size=8, n_layer=1, n_head=1, d_model=8))(torch.zeros(3, dtype=torch.long))
+    with pytest.raises(TypeError, match="must be a torch.Tensor, got list"):
+        LayerNorm(4)([1.0, 2.0, 3.0, 4.0])
+    with pytest.raises(ValueError, match="k and v must have the same length"):
+        scaled_dot_product_attention(torch.randn(2, 4), torch.randn(3, 4), torch.randn(5, 4))
+
+
+def test_bad_config_names():
+    with pytest.raises(ValueError, match="activation must be one of"):
+        EncoderLayer(8, 2, 16, activation="tanh")
+    with pytest.raises(ValueError, match="positional must be one of"):
+        GPTConfig(vocab_size=5, block_size=8, positional="alibi")
+    with pytest.raises(ValueError, match="norm must be 'layernorm' or 'rmsnorm'"):
+        GPTConfig(vocab_size=5, block_size=8, norm="batchnorm")

@@ -1,0 +1,140 @@
+import pytest
+import torch
+import torch.nn.functional as F
+
+from transformer_lib import GPT, GPTConfig, Seq2SeqTransformer, count_parameters
+from transformer_lib.sampling import sample_next_token, top_k_filter, top_p_filter
+
+VARIANTS = [dict(positional="learned", norm="layernorm", activation="gelu"),
+            dict(positional="sinusoidal", norm="layernorm", activation="relu"),
+            dict(positional="rope", norm="rmsnorm", activation="swiglu", bias=False),
+            dict(positional="learned", norm="layernorm", activation="gelu", norm_first=False)]
+
+
+def small_gpt(**kw):
+    cfg = dict(vocab_size=23, block_size=32, n_layer=2, n_head=2, d_model=16)
+    cfg.update(kw)
+    return GPT(GPTConfig(**cfg)).eval()
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_gpt_has_no_causal_leak(variant):
+    model = small_gpt(**variant)
+    idx = torch.randint(0, 23, (2, 12))
+    changed = idx.clone()
+    changed[:, 8:] = (changed[:, 8:] + 1) % 23
+    a, _ = model(idx)
+    b, _ = model(changed)
+    torch.testing.assert_close(a[:, :8], b[:, :8])
+    assert not torch.allclose(a[:, 8:], b[:, 8:])
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_gpt_kv_cache_gives_same_tokens_and_logits(variant):
+    model = small_gpt(**variant)
+    prompt = torch.randint(0, 23, (2, 5))
+    # 40 new tokens with block_size 32: the window also slides past the context length.
+    greedy_c, logits_c = model.generate(prompt, 40, temperature=0, use_cache=True, return_logits=True)
+    greedy_n, logits_n = model.generate(prompt, 40, temperature=0, use_cache=False, return_logits=True)
+    assert torch.equal(greedy_c, greedy_n)
+    torch.testing.assert_close(logits_c, logits_n, atol=1e-5, rtol=1e-5)
+    sampled_c = model.generate(prompt, 20, top_k=5, top_p=0.9, generator=torch.Generator().manual_seed(1))
+    sampled_n = model.generate(prompt, 20, top_k=5, top_p=0.9, use_cache=False,
+                               generator=torch.Generator().manual_seed(1))
+    assert torch.equal(sampled_c, sampled_n)
+
+
+def test_gpt_loss_and_weight_tying():
+    model = small_gpt()
+    idx = torch.randint(0, 23, (3, 10))
+    logits, loss = model(idx, idx)
+    assert logits.shape == (3, 10, 23)
+    torch.testing.assert_close(loss, F.cross_entropy(logits.reshape(-1, 23), idx.reshape(-1)))
+    assert abs(loss.item() - torch.log(torch.tensor(23.0)).item()) < 0.3  # near uniform at init
+    assert model.lm_head.weight is model.tok_emb.weight
+    untied = small_gpt(tie_weights=False)
+    assert count_parameters(untied) - count_parameters(model) == 23 * 16
+
+
+def test_gpt_learns_a_copy_pattern():
+    torch.manual_seed(0)
+    model = small_gpt(vocab_size=8, n_layer=2, d_model=32).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for _ in range(150):
+        half = torch.randint(0, 8, (16, 8))
+        seq = torch.cat([half, half], 1)  # the second half repeats the first: needs attention to look back
+        _, loss = model(seq[:, :-1], seq[:, 1:])
+        opt.zero_grad(); loss.backward(); opt.step()
+    model.eval()
+    half = torch.randint(0, 8, (64, 8))
+    seq = torch.cat([half, half], 1)
+    logits, _ = model(seq[:, :-1])
+    acc = (logits[:, 8:].argmax(-1) == seq[:, 9:]).float().mean().item()
+    assert acc > 0.9, acc
+
+
+def test_gpt_attention_maps_are_causal_distributions():
+    model = small_gpt(n_layer=3)
+    maps = model.attention_maps(torch.randint(0, 23, (2, 7)))
+    assert len(maps) == 3 and maps[0].shape == (2, 2, 7, 7)
+    for w in maps:
+        torch.testing.assert_close(w.sum(-1), torch.ones(2, 2, 7))
+        assert (w.triu(1) == 0).all()
+
+
+def test_sampling_filters():
+    logits = torch.tensor([[1.0, 3.0, 2.0, 0.0]])
+    assert torch.isinf(top_k_filter(logits, 2)).tolist() == [[True, False, False, True]]
+    probs = torch.softmax(logits, -1)[0]  # about [0.09, 0.64, 0.24, 0.03]
+    kept = ~torch.isinf(top_p_filter(logits, 0.7))
+    assert kept.tolist() == [[False, True, True, False]], probs
+    assert (~torch.isinf(top_p_filter(logits, 0.5))).sum() == 1  # the top token alone already covers 0.5
+    assert sample_next_token(logits, temperature=0).item() == 1
+    g = torch.Generator().manual_seed(0)
+    draws = torch.stack([sample_next_token(logits, top_k=1, generator=g) for _ in range(20)])
+    assert (draws == 1).all()
+
+
+def test_seq2seq_shapes_leak_and_cached_decoding():
+    model = Seq2SeqTransformer(11, 13, d_model=32, n_heads=4, n_encoder_layers=2, n_decoder_layers=2, d_ff=64,
+                               dropout=0.0, pad_id=0).eval()
+    src = torch.tensor([[3, 4, 5, 6, 0, 0], [7, 8, 9, 10, 2, 1]])
+    tgt = torch.tensor([[1, 5, 6, 7, 8], [1, 2, 3, 4, 5]])
+    logits = model(src, tgt)
+    assert logits.shape == (2, 5, 13)
+    changed = tgt.clone()
+    changed[:, 3:] = 9
+    torch.testing.assert_close(model(src, changed)[:, :3], logits[:, :3])  # no causal leak
+    # padding in the source does not matter: pad with more zeros, same result
+    longer = torch.cat([src, torch.zeros(2, 3, dtype=torch.long)], 1)
+    torch.testing.assert_close(model(longer, tgt), logits, atol=1e-5, rtol=1e-5)
+    memory = model.encode(src)
+    caches = model.new_caches()
+    steps = [model.decode(tgt[:, t:t + 1], memory, src, caches=caches) for t in range(5)]
+    torch.testing.assert_close(torch.cat(steps, 1), logits, atol=1e-5, rtol=1e-5)
+    maps = model.attention_maps(src, tgt)
+    assert [len(maps[k]) for k in ("encoder", "decoder", "cross")] == [2, 2, 2]
+    assert maps["cross"][0].shape == (2, 4, 5, 6) and (maps["cross"][0][0, ..., 4:] == 0).all()
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_seq2seq_learns_to_reverse(norm_first):
+    torch.manual_seed(0)
+    V, BOS = 10, 1
+    model = Seq2SeqTransformer(V, V, d_model=32, n_heads=4, n_encoder_layers=1, n_decoder_layers=1, d_ff=64,
+                               dropout=0.0, norm_first=norm_first)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+
+    def batch(n):
+        src = torch.randint(2, V, (n, 6))
+        tgt = torch.cat([torch.full((n, 1), BOS), src.flip(1)], 1)
+        return src, tgt
+
+    for _ in range(250):
+        src, tgt = batch(32)
+        loss = F.cross_entropy(model(src, tgt[:, :-1]).reshape(-1, V), tgt[:, 1:].reshape(-1))
+        opt.zero_grad(); loss.backward(); opt.step()
+    model.eval()
+    src, tgt = batch(100)
+    acc = (model(src, tgt[:, :-1]).argmax(-1) == tgt[:, 1:]).float().mean().item()
+    assert acc > 0.9, acc

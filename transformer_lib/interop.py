@@ -1,0 +1,50 @@
+"""Copy weights from PyTorch's built-in Transformer modules into this library's.
+
+Used by the tests (our modules equal PyTorch's after the copy) and by chapters 3
+and 6 to show the equality in a cell. Note the opposite mask conventions: PyTorch's
+``nn.MultiheadAttention`` takes ``True`` = *blocked*; this library takes ``True`` = may attend.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .attention import MultiHeadAttention
+from .layers import DecoderLayer, EncoderLayer
+
+
+@torch.no_grad()
+def copy_from_torch(ours: nn.Module, theirs: nn.Module) -> nn.Module:
+    """Load ``theirs`` (nn.MultiheadAttention / TransformerEncoderLayer / TransformerDecoderLayer) into ``ours``.
+
+    Returns ``ours``. Raises ``TypeError`` for a pair it does not know and
+    ``ValueError`` when the sizes differ.
+    """
+    if isinstance(ours, MultiHeadAttention) and isinstance(theirs, nn.MultiheadAttention):
+        if theirs.embed_dim != ours.d_model or theirs.num_heads != ours.n_heads:
+            raise ValueError(f"size mismatch: ours d_model={ours.d_model}, n_heads={ours.n_heads}; "
+                             f"theirs embed_dim={theirs.embed_dim}, num_heads={theirs.num_heads}")
+        for proj, w in zip((ours.q_proj, ours.k_proj, ours.v_proj), theirs.in_proj_weight.chunk(3)):
+            proj.weight.copy_(w)
+        if theirs.in_proj_bias is not None:
+            for proj, b in zip((ours.q_proj, ours.k_proj, ours.v_proj), theirs.in_proj_bias.chunk(3)):
+                proj.bias.copy_(b)
+        ours.out_proj.load_state_dict(theirs.out_proj.state_dict())
+        return ours
+    pairs = {EncoderLayer: (nn.TransformerEncoderLayer, [("self_attn", "self_attn"), ("norm1", "norm1"),
+                                                          ("norm2", "norm2")]),
+             DecoderLayer: (nn.TransformerDecoderLayer, [("self_attn", "self_attn"), ("cross_attn", "multihead_attn"),
+                                                          ("norm1", "norm1"), ("norm2", "norm2"), ("norm3", "norm3")])}
+    for our_type, (their_type, names) in pairs.items():
+        if isinstance(ours, our_type) and isinstance(theirs, their_type):
+            for our_name, their_name in names:
+                sub = getattr(ours, our_name)
+                if isinstance(sub, MultiHeadAttention):
+                    copy_from_torch(sub, getattr(theirs, their_name))
+                else:
+                    sub.load_state_dict(getattr(theirs, their_name).state_dict())
+            ours.ff.linear1.load_state_dict(theirs.linear1.state_dict())
+            ours.ff.linear2.load_state_dict(theirs.linear2.state_dict())
+            return ours
+    raise TypeError(f"don't know how to copy {type(theirs).__name__} into {type(ours).__name__}")

@@ -1,0 +1,174 @@
+"""Feed-forward network, encoder layer and decoder layer (chapters 5 and 6).
+
+Each layer wraps its sublayers in a residual connection and a norm, in one of two
+orders chosen by ``norm_first``:
+
+* Post-LN (the paper, ``norm_first=False``): ``x = norm(x + sublayer(x))``
+* Pre-LN (most modern code, ``norm_first=True``): ``x = x + sublayer(norm(x))``
+
+Parameter names follow ``nn.TransformerEncoderLayer``/``DecoderLayer`` closely enough
+that weights copy one to one (see :mod:`transformer_lib.interop`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .attention import KVCache, MultiHeadAttention
+from .norms import make_norm
+
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swiglu")
+
+
+class FeedForward(nn.Module):
+    """Position-wise feed-forward network: ``linear2(dropout(act(linear1(x))))``.
+
+    With ``activation="swiglu"``, ``linear1`` produces a gate and a value of size
+    ``d_ff`` each and the hidden is ``silu(gate) * value`` (Shazeer 2020).
+
+    Shapes: x (B, T, d_model) -> (B, T, d_model).
+
+    Defined in chapter 6, Encoder-decoder.
+    """
+
+    def __init__(self, d_model: int, d_ff: int, activation: str = "relu", dropout: float = 0.0,
+                 bias: bool = True) -> None:
+        super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+        self.activation = activation
+        self.linear1 = nn.Linear(d_model, 2 * d_ff if activation == "swiglu" else d_ff, bias=bias)
+        self.dropout = nn.Dropout(dropout)
+        self.linear2 = nn.Linear(d_ff, d_model, bias=bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.linear1(x)  # (B, T, d_ff) or (B, T, 2 d_ff) for SwiGLU
+        if self.activation == "swiglu":
+            gate, value = h.chunk(2, dim=-1)  # (B, T, d_ff) each
+            h = F.silu(gate) * value
+        elif self.activation == "gelu":
+            h = F.gelu(h)
+        elif self.activation == "gelu_tanh":
+            h = F.gelu(h, approximate="tanh")
+        else:
+            h = F.relu(h)
+        return self.linear2(self.dropout(h))
+
+
+def _residual(x: Tensor, sublayer: Callable[[Tensor], Tensor], norm: nn.Module, dropout: nn.Module,
+              norm_first: bool) -> Tensor:
+    """One residual block: Pre-LN ``x + drop(f(norm(x)))`` or Post-LN ``norm(x + drop(f(x)))``."""
+    if norm_first:
+        return x + dropout(sublayer(norm(x)))
+    return norm(x + dropout(sublayer(x)))
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention then feed-forward, each with a residual connection and a norm.
+
+    ``forward(x, mask)`` returns ``x``, or ``(x, weights)`` with ``need_weights=True``.
+    With ``is_causal=True`` (and optionally a ``cache``) the same layer is a
+    decoder-only (GPT) block: see :class:`DecoderOnlyLayer`.
+
+    Shapes: x (B, T, d_model), mask broadcastable to (B, n_heads, T, T)
+        -> (B, T, d_model) [, weights (B, n_heads, T, T)]
+
+    Defined in chapter 6, Encoder-decoder.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float = 0.0, activation: str = "relu",
+                 norm_first: bool = False, norm: str = "layernorm", eps: float | None = None, bias: bool = True,
+                 rotary: nn.Module | None = None) -> None:
+        super().__init__()
+        self.norm_first = norm_first
+        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout=dropout, bias=bias, rotary=rotary)
+        self.ff = FeedForward(d_model, d_ff, activation=activation, dropout=dropout, bias=bias)
+        self.norm1 = make_norm(norm, d_model, eps)
+        self.norm2 = make_norm(norm, d_model, eps)
+        self.dropout1 = nn.Dropout(dropout)
+        self.dropout2 = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor, mask: Tensor | None = None, need_weights: bool = False, is_causal: bool = False,
+                cache: KVCache | None = None) -> Tensor | tuple[Tensor, Tensor]:
+        weights: list[Tensor] = []
+
+        def attend(h: Tensor) -> Tensor:
+            out = self.self_attn(h, h, h, mask=mask, need_weights=need_weights, is_causal=is_causal, cache=cache)
+            return _keep(out, weights, need_weights)
+
+        x = _residual(x, attend, self.norm1, self.dropout1, self.norm_first)
+        x = _residual(x, self.ff, self.norm2, self.dropout2, self.norm_first)
+        return (x, weights[0]) if need_weights else x
+
+
+class DecoderOnlyLayer(EncoderLayer):
+    """A GPT block: an encoder layer whose self-attention is causal (no cross-attention).
+
+    Shapes: x (B, T, d_model) -> (B, T, d_model) [, weights (B, n_heads, T, T_k)]
+
+    Defined in chapter 7, Decoder-only.
+    """
+
+    def forward(self, x: Tensor, mask: Tensor | None = None, need_weights: bool = False, is_causal: bool = True,
+                cache: KVCache | None = None) -> Tensor | tuple[Tensor, Tensor]:
+        return super().forward(x, mask=mask, need_weights=need_weights, is_causal=is_causal, cache=cache)
+
+
+class DecoderLayer(nn.Module):
+    """Masked self-attention, cross-attention to the encoder memory, then feed-forward.
+
+    ``forward(x, memory, tgt_mask, memory_mask)`` returns ``x``, or with
+    ``need_weights=True`` ``(x, self_weights, cross_weights)``. ``tgt_is_causal``
+    adds the causal mask; ``self_cache``/``cross_cache`` enable incremental decoding.
+
+    Shapes: x (B, T, d_model), memory (B, S, d_model),
+        tgt_mask broadcastable to (B, n_heads, T, T), memory_mask to (B, n_heads, T, S)
+        -> (B, T, d_model) [, (B, n_heads, T, T), (B, n_heads, T, S)]
+
+    Defined in chapter 6, Encoder-decoder.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float = 0.0, activation: str = "relu",
+                 norm_first: bool = False, norm: str = "layernorm", eps: float | None = None,
+                 bias: bool = True) -> None:
+        super().__init__()
+        self.norm_first = norm_first
+        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout=dropout, bias=bias)
+        self.cross_attn = MultiHeadAttention(d_model, n_heads, dropout=dropout, bias=bias)
+        self.ff = FeedForward(d_model, d_ff, activation=activation, dropout=dropout, bias=bias)
+        self.norm1 = make_norm(norm, d_model, eps)
+        self.norm2 = make_norm(norm, d_model, eps)
+        self.norm3 = make_norm(norm, d_model, eps)
+        self.dropout1 = nn.Dropout(dropout)
+        self.dropout2 = nn.Dropout(dropout)
+        self.dropout3 = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor, memory: Tensor, tgt_mask: Tensor | None = None, memory_mask: Tensor | None = None,
+                need_weights: bool = False, tgt_is_causal: bool = False, self_cache: KVCache | None = None,
+                cross_cache: KVCache | None = None) -> Tensor | tuple[Tensor, Tensor, Tensor]:
+        weights: list[Tensor] = []
+
+        def self_attend(h: Tensor) -> Tensor:
+            out = self.self_attn(h, h, h, mask=tgt_mask, need_weights=need_weights, is_causal=tgt_is_causal,
+                                 cache=self_cache)
+            return _keep(out, weights, need_weights)
+
+        def cross_attend(h: Tensor) -> Tensor:
+            out = self.cross_attn(h, memory, memory, mask=memory_mask, need_weights=need_weights, cache=cross_cache)
+            return _keep(out, weights, need_weights)
+
+        x = _residual(x, self_attend, self.norm1, self.dropout1, self.norm_first)
+        x = _residual(x, cross_attend, self.norm2, self.dropout2, self.norm_first)
+        x = _residual(x, self.ff, self.norm3, self.dropout3, self.norm_first)
+        return (x, weights[0], weights[1]) if need_weights else x
+
+
+def _keep(out: Tensor | tuple[Tensor, Tensor], weights: list[Tensor], need_weights: bool) -> Tensor:
+    """Unpack ``(out, w)`` from attention when weights were asked for, remembering ``w``."""
+    if need_weights:
+        out, w = out
+        weights.append(w)
+    return out

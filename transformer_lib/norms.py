@@ -1,0 +1,71 @@
+"""Layer normalization and RMS normalization, written out (chapter 5, Norms and residuals).
+
+Both normalize each position's feature vector (the last axis of (B, T, d_model)),
+never across the batch or across time, so they behave the same for any batch
+size and sequence length. Tests prove them equal to ``nn.LayerNorm``/``nn.RMSNorm``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from ._checks import check_tensor
+
+
+class LayerNorm(nn.Module):
+    """``(x - mean) / sqrt(var + eps) * weight + bias`` over the last axis.
+
+    ``var`` is the biased (population) variance and ``eps`` sits inside the square
+    root, exactly as in ``nn.LayerNorm``.
+
+    Shapes: x (..., d) -> (..., d).
+
+    Defined in chapter 5, Norms and residuals.
+    """
+
+    def __init__(self, d: int, eps: float = 1e-5, bias: bool = True) -> None:
+        super().__init__()
+        self.d, self.eps = d, eps
+        self.weight = nn.Parameter(torch.ones(d))
+        self.bias = nn.Parameter(torch.zeros(d)) if bias else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        check_tensor("x", x, floating=True, last_dim=self.d)
+        mean = x.mean(dim=-1, keepdim=True)  # (..., 1)
+        var = x.var(dim=-1, keepdim=True, unbiased=False)  # (..., 1)
+        y = (x - mean) * torch.rsqrt(var + self.eps) * self.weight
+        return y if self.bias is None else y + self.bias
+
+    def extra_repr(self) -> str:
+        return f"{self.d}, eps={self.eps}, bias={self.bias is not None}"
+
+
+class RMSNorm(nn.Module):
+    """``x / sqrt(mean(x^2) + eps) * weight`` over the last axis: no centring, no bias.
+
+    Shapes: x (..., d) -> (..., d).
+
+    Defined in chapter 5, Norms and residuals.
+    """
+
+    def __init__(self, d: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.d, self.eps = d, eps
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, x: Tensor) -> Tensor:
+        check_tensor("x", x, floating=True, last_dim=self.d)
+        return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps) * self.weight
+
+    def extra_repr(self) -> str:
+        return f"{self.d}, eps={self.eps}"
+
+
+def make_norm(kind: str, d: int, eps: float | None = None) -> nn.Module:
+    """Build a norm by name: ``"layernorm"`` or ``"rmsnorm"``."""
+    if kind == "layernorm":
+        return LayerNorm(d, eps=1e-5 if eps is None else eps)
+    if kind == "rmsnorm":
+        return RMSNorm(d, eps=1e-6 if eps is None else eps)
+    raise ValueError(f"norm must be 'layernorm' or 'rmsnorm', got {kind!r}")

@@ -1,0 +1,57 @@
+"""Turning next-token logits into a token: greedy, temperature, top-k, top-p (chapter 7)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ._checks import check_tensor
+
+
+def top_k_filter(logits: Tensor, k: int) -> Tensor:
+    """Keep the ``k`` largest logits of each row, set the others to -inf.
+
+    Shapes: logits (B, V) -> (B, V).
+    """
+    if not isinstance(k, int) or k < 1:
+        raise ValueError(f"top_k must be a positive int, got {k!r}")
+    k = min(k, logits.shape[-1])
+    kth = torch.topk(logits, k, dim=-1).values[..., -1:]  # (B, 1) the k-th largest value
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def top_p_filter(logits: Tensor, p: float) -> Tensor:
+    """Nucleus filtering: keep the smallest set of most likely tokens whose probability reaches ``p``.
+
+    The most likely token is always kept.
+
+    Shapes: logits (B, V) -> (B, V).
+    """
+    if not 0.0 < p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {p!r}")
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)  # (B, V)
+    probs = torch.softmax(sorted_logits, dim=-1)
+    before = probs.cumsum(dim=-1) - probs  # probability mass of the tokens ranked above each one
+    drop_sorted = before >= p  # a token is dropped once the tokens above it already reach p
+    drop = drop_sorted.scatter(-1, order, drop_sorted)  # back to vocabulary order
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def sample_next_token(logits: Tensor, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+                      generator: torch.Generator | None = None) -> Tensor:
+    """Pick the next token id of each row. ``temperature=0`` means greedy (argmax).
+
+    Shapes: logits (B, V) -> (B,) long.
+    """
+    check_tensor("logits", logits, ndim=2, floating=True)
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = logits / temperature
+    if top_k is not None:
+        logits = top_k_filter(logits, top_k)
+    if top_p is not None:
+        logits = top_p_filter(logits, top_p)
+    probs = torch.softmax(logits.float(), dim=-1)
+    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)

@@ -1,0 +1,53 @@
+"""Small utilities every chapter uses: device choice, seeding, parameter counting."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import numpy as np
+import torch
+from torch import nn
+
+
+def get_device(prefer: str | None = None) -> torch.device:
+    """Return the best available device: CUDA, then Apple's MPS, then the CPU.
+
+    ``prefer`` (e.g. ``"cpu"``) forces a device; the environment variable
+    ``TRANSFORMER_DEVICE`` does the same for a whole run.
+    """
+    choice = prefer or os.environ.get("TRANSFORMER_DEVICE")
+    if choice:
+        return torch.device(choice)
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def set_seed(seed: int = 0) -> torch.Generator:
+    """Seed Python, NumPy and PyTorch (all devices) so runs repeat on the CPU.
+
+    Returns a ``torch.Generator`` seeded with the same value, for code that
+    wants its own stream of random numbers.
+    """
+    if not isinstance(seed, int):
+        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    return torch.Generator().manual_seed(seed)
+
+
+def count_parameters(model: nn.Module, trainable_only: bool = True) -> int:
+    """Number of parameters of ``model``; tied (shared) tensors are counted once."""
+    seen: set[int] = set()
+    total = 0
+    for p in model.parameters():
+        if id(p) in seen or (trainable_only and not p.requires_grad):
+            continue
+        seen.add(id(p))
+        total += p.numel()
+    return total
