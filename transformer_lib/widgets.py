@@ -1,0 +1,108 @@
+"""Interactive figures: one library call gives a live widget in Jupyter/Colab and a working,
+precomputed one in the HTML book.
+
+``explore(draw, controls)`` shows the figure ``draw(**values)`` with one control per
+entry of ``controls``. In a live notebook every change redraws the figure. When the
+book is built (environment variable ``TRANSFORMER_BOOK_BUILD=1``, set by ``make book``),
+every combination of control values is drawn once, and the controls are linked in the
+browser (``jslink``) to stacks of those pictures, so the widget keeps working in the
+HTML page with no kernel behind it: it never looks interactive while dead.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import itertools
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+BOOK_ENV = "TRANSFORMER_BOOK_BUILD"
+MAX_FRAMES = 80
+PRECOMPUTED_NOTE = ("<small><i>Precomputed views: the controls switch between pictures drawn when the book was "
+                    "built. Run this chapter in Jupyter or Colab to compute them live.</i></small>")
+
+
+def in_book_build() -> bool:
+    """True while ``make book`` executes the chapters."""
+    return os.environ.get(BOOK_ENV) == "1"
+
+
+def _control(name: str, values: Sequence[Any], value: Any):
+    import ipywidgets as widgets
+
+    options = [(str(v), v) for v in values]
+    style = {"description_width": "initial"}
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        return widgets.SelectionSlider(options=options, value=value, description=name, style=style,
+                                       continuous_update=False, layout=widgets.Layout(width="420px"))
+    return widgets.ToggleButtons(options=options, value=value, description=name, style=style)
+
+
+def _png_html(fig) -> str:
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=80, bbox_inches="tight")
+    plt.close(fig)
+    return f'<img src="data:image/png;base64,{base64.b64encode(buf.getvalue()).decode()}" style="max-width:100%">'
+
+
+def explore(draw: Callable[..., Any], controls: dict[str, Sequence[Any]], initial: dict[str, Any] | None = None,
+            live: bool | None = None):
+    """A figure with one control per entry of ``controls`` (name -> the values it can take).
+
+    ``draw(**values)`` must return a matplotlib ``Figure``. ``initial`` picks the starting
+    values (default: the first of each). ``live=None`` chooses live widgets in a notebook
+    and precomputed ones in the book build. Returns the ipywidgets container.
+    """
+    import ipywidgets as widgets
+
+    if not callable(draw):
+        raise TypeError(f"draw must be a function returning a matplotlib Figure, got {type(draw).__name__}")
+    if not controls or any(len(v) == 0 for v in controls.values()):
+        raise ValueError("controls must map each control name to a non-empty sequence of values")
+    initial = {name: values[0] for name, values in controls.items()} | (initial or {})
+    for name, value in initial.items():
+        if name not in controls or value not in controls[name]:
+            raise ValueError(f"initial value {name}={value!r} is not one of the control's values")
+    sliders = {name: _control(name, list(values), initial[name]) for name, values in controls.items()}
+    live = not in_book_build() if live is None else live
+
+    if live:
+        out = widgets.Output()
+
+        def redraw(**values: Any) -> None:
+            import matplotlib.pyplot as plt
+            from IPython.display import display
+
+            with out:
+                out.clear_output(wait=True)
+                fig = draw(**values)
+                display(fig)
+                plt.close(fig)
+
+        widgets.interactive_output(redraw, sliders)
+        return widgets.VBox([*sliders.values(), out])
+
+    n_frames = 1
+    for values in controls.values():
+        n_frames *= len(values)
+    if n_frames > MAX_FRAMES:
+        raise ValueError(f"{n_frames} combinations of control values to precompute; keep it at most {MAX_FRAMES}")
+    names = list(controls)
+    frames = {combo: widgets.HTML(_png_html(draw(**dict(zip(names, combo)))))
+              for combo in itertools.product(*controls.values())}
+
+    def stack(level: int, prefix: tuple) -> Any:
+        """Nested stacks: level i chooses the value of control i; the leaves are the pictures."""
+        if level == len(names):
+            return frames[prefix]
+        values = list(controls[names[level]])
+        s = widgets.Stack([stack(level + 1, prefix + (v,)) for v in values],
+                          selected_index=values.index(initial[names[level]]))
+        widgets.jslink((sliders[names[level]], "index"), (s, "selected_index"))
+        return s
+
+    return widgets.VBox([*sliders.values(), stack(0, ()), widgets.HTML(PRECOMPUTED_NOTE)])
