@@ -12,7 +12,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 QUIET_PIP := grep -v "is ignored: it is neither a file nor a directory" || true
 
-.PHONY: setup book test test-lib browser clean
+.PHONY: setup book test test-lib browser student clean
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -39,6 +39,10 @@ test: setup browser
 # The library tests alone (fast).
 test-lib: setup
 	$(BIN)/python -m pytest tests --ignore=tests/test_book.py
+
+# Student copies of the chapters, solutions removed, in _build/student/.
+student: setup
+	$(BIN)/python scripts/make_student.py
 
 clean:
 	rm -rf _build
