@@ -26,8 +26,10 @@ $(STAMP): requirements.txt pyproject.toml
 
 setup: $(STAMP)
 
+# Vendors the pages' JavaScript from npm (scripts/vendor_js.py), then runs
+# jupyter-book build . -W -n --keep-going with every notebook executed (cached between builds).
 book: setup
-	$(BIN)/jupyter-book build . -W -n --keep-going
+	$(BIN)/python scripts/build_book.py
 
 # Headless Chromium for the tests that look at the built pages as a reader does (Debian package).
 browser:

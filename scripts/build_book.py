@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""Build the HTML book: vendor the browser scripts, then ``jupyter-book build . -W -n --keep-going``.
+
+Notebooks are executed through jupyter-cache (``execute_notebooks: cache``), which re-runs a
+notebook only when its code cells change. The chapters also depend on ``transformer_lib``,
+which the cache does not see, so this script hashes the library's sources and, when they
+changed since the last successful build, clears the execution cache and rebuilds with a
+fresh Sphinx environment: every chapter then runs against the current library.
+
+On success it writes ``_build/.book-build.json`` (library hash, duration); tests/test_book.py
+rebuilds when a source is newer than that file.
+
+Usage: python scripts/build_book.py [--fresh] [extra jupyter-book build options]
+  --fresh   re-read every page (jupyter-book --all), so every warning is reported again;
+            executed notebooks still come from the cache.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BUILD = ROOT / "_build"
+CACHE = BUILD / ".jupyter_cache"
+STAMP = BUILD / ".book-build.json"
+LIBRARY = ROOT / "transformer_lib"
+
+
+def library_hash() -> str:
+    """SHA-256 over the library's Python sources (paths and contents)."""
+    h = hashlib.sha256()
+    for path in sorted(LIBRARY.rglob("*.py")):
+        if "__pycache__" in path.parts:
+            continue
+        h.update(path.relative_to(ROOT).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def jupyter_book() -> str:
+    """The jupyter-book executable next to this Python (the project's venv), else on PATH."""
+    candidate = Path(sys.executable).parent / "jupyter-book"
+    if candidate.exists():
+        return str(candidate)
+    found = shutil.which("jupyter-book")
+    if found is None:
+        raise SystemExit("build_book: jupyter-book not found; run `make setup`")
+    return found
+
+
+def main(argv: list[str]) -> int:
+    fresh = "--fresh" in argv
+    extra = [a for a in argv if a != "--fresh"]
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import vendor_js
+
+    if vendor_js.main([]) != 0:
+        return 1
+    lib = library_hash()
+    previous = json.loads(STAMP.read_text()).get("library_sha256") if STAMP.is_file() else None
+    if previous != lib and CACHE.exists():
+        print("build_book: transformer_lib changed since the last build; clearing the execution cache")
+        shutil.rmtree(CACHE)
+        fresh = True
+    if previous != lib:
+        fresh = True
+    cmd = [jupyter_book(), "build", ".", "-W", "-n", "--keep-going", *(["--all"] if fresh else []), *extra]
+    print("build_book:", " ".join(cmd), flush=True)
+    start = time.perf_counter()
+    # The chapters' widgets precompute their views for the HTML page (transformer_lib.widgets).
+    env = {**os.environ, "TRANSFORMER_BOOK_BUILD": "1"}
+    rc = subprocess.call(cmd, cwd=ROOT, env=env)
+    seconds = time.perf_counter() - start
+    print(f"build_book: jupyter-book exited with {rc} after {seconds:.1f} s")
+    if rc == 0:
+        STAMP.write_text(json.dumps({"library_sha256": lib, "seconds": round(seconds, 1), "fresh": fresh}) + "\n")
+    elif STAMP.exists():
+        STAMP.unlink()  # a failed build is never "up to date"
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,353 @@
+"""The HTML book: it builds with zero warnings, and its pages render offline in a real browser.
+
+The book is built once per session (``scripts/build_book.py --fresh``), only when
+``_build/html`` is missing or a source is newer than the last successful build. Each page
+of ``_toc.yml`` is then opened in headless Chromium with the network disabled; the test
+reads the DOM after the scripts ran and checks what a reader would see: figures, rendered
+widgets, bertviz views, typeset equations, and no error output or uncaught script errors.
+Screenshots land in ``_build/screenshots/`` as artifacts.
+
+Environment:
+  BOOK_TESTS=0     skip this module (e.g. for a quick library-only run)
+  CHROMIUM=path    the browser binary (default: chromium, chromium-browser, google-chrome)
+  CI=true          a missing browser fails instead of skipping
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+yaml = pytest.importorskip("yaml")
+bs4 = pytest.importorskip("bs4")
+
+ROOT = Path(__file__).resolve().parents[1]
+BUILD = ROOT / "_build"
+HTML = BUILD / "html"
+SHOTS = BUILD / "screenshots"
+STAMP = BUILD / ".book-build.json"
+
+pytestmark = pytest.mark.skipif(os.environ.get("BOOK_TESTS", "1") == "0", reason="BOOK_TESTS=0")
+
+# What each page must show. DESIGN.md: static matplotlib figures first, at least one widget
+# per chapter, equations; the pipeline check also exercises a bertviz view.
+CHAPTER_REQUIRES = {"figure", "widget", "math"}
+EXTRA_REQUIRES = {"chapters/00_pipeline_check": {"bertviz"}}
+
+# Chromium with every network request failing fast, except to the local server of the book.
+NETWORK_OFF = [
+    "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE localhost, EXCLUDE 127.0.0.1",
+    "--proxy-server=127.0.0.1:9",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-quic",
+]
+WINDOW = os.environ.get("BOOK_SCREENSHOT_SIZE", "1280,4000")
+VIRTUAL_TIME_MS = 10_000
+# Console messages that are not errors of ours (the widget manager's JSON-schema compiler).
+CONSOLE_IGNORE = re.compile(r"strict mode: use allowUnionTypes")
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
+
+
+def _toc_docs() -> list[str]:
+    """Every document of _toc.yml, in reading order (e.g. 'book/intro', 'chapters/01_attention')."""
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    docs: list[str] = []
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            for key in ("root", "file"):
+                if isinstance(node.get(key), str):
+                    docs.append(re.sub(r"\.(md|ipynb)$", "", node[key]))
+            for value in node.values():
+                if isinstance(value, (list, dict)):
+                    walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    walk(toc)
+    return docs
+
+
+DOCS = _toc_docs()
+CHAPTERS = [d for d in DOCS if d.startswith("chapters/")]
+
+
+def _sources() -> list[Path]:
+    files = [ROOT / "_config.yml", ROOT / "_toc.yml", ROOT / "scripts" / "vendor_js.py", ROOT / "scripts" / "build_book.py"]
+    files += [p for p in (ROOT / "book").rglob("*") if p.is_file() and not any(part.startswith("_vendor") for part in p.parts)]
+    files += list((ROOT / "chapters").glob("*.ipynb")) + list((ROOT / "chapters").glob("*.md"))
+    files += [p for p in (ROOT / "transformer_lib").rglob("*.py") if "__pycache__" not in p.parts]
+    return files
+
+
+def _stale() -> str | None:
+    """Why the book must be rebuilt, or None when _build/html is up to date."""
+    if not (HTML / "index.html").is_file() or not STAMP.is_file():
+        return "no successful build yet"
+    built = STAMP.stat().st_mtime
+    newer = [p for p in _sources() if p.stat().st_mtime > built]
+    if newer:
+        return f"{len(newer)} source(s) changed, e.g. {newer[0].relative_to(ROOT)}"
+    missing = [d for d in DOCS if not (HTML / f"{d}.html").is_file()]
+    if missing:
+        return f"pages missing: {missing}"
+    return None
+
+
+@pytest.fixture(scope="session")
+def book() -> Path:
+    """Build the book if needed (once per session) and return _build/html."""
+    reason = _stale()
+    if reason is not None:
+        print(f"\n[test_book] building the book: {reason}")
+        proc = subprocess.run(
+            [sys.executable, str(ROOT / "scripts" / "build_book.py"), "--fresh"],
+            cwd=ROOT, capture_output=True, text=True,
+        )
+        if proc.returncode != 0:
+            log = (proc.stdout + proc.stderr)[-8000:]
+            pytest.fail(f"the book build failed (jupyter-book -W -n --keep-going):\n{log}", pytrace=False)
+        print(f"[test_book] {json.loads(STAMP.read_text())}")
+    return HTML
+
+
+def _chromium() -> str | None:
+    explicit = os.environ.get("CHROMIUM")
+    if explicit:
+        return shutil.which(explicit) or (explicit if Path(explicit).exists() else None)
+    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+@dataclass
+class Rendered:
+    doc: str
+    dom: str
+    console: list[str]
+    screenshot: Path
+
+    @property
+    def soup(self) -> "bs4.BeautifulSoup":
+        return bs4.BeautifulSoup(self.dom, "html.parser")
+
+
+class _QuietHandler(SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        pass
+
+
+@pytest.fixture(scope="session")
+def server(book: Path) -> Iterator[str]:
+    """Serve _build/html on 127.0.0.1 (as a reader's web server would); yield the base URL."""
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), partial(_QuietHandler, directory=str(book)))
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}/"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def _render(chromium: str, base_url: str, doc: str) -> Rendered:
+    url = f"{base_url}{doc}.html"
+    shot = SHOTS / (doc.replace("/", "__") + ".png")
+    with tempfile.TemporaryDirectory(prefix="chromium-profile-") as profile:
+        cmd = [
+            chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+            f"--user-data-dir={profile}", "--hide-scrollbars", *NETWORK_OFF,
+            f"--virtual-time-budget={VIRTUAL_TIME_MS}", f"--window-size={WINDOW}",
+            "--enable-logging=stderr", "--v=0",
+            f"--screenshot={shot}", "--dump-dom", url,
+        ]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    if proc.returncode != 0 or "</html>" not in proc.stdout:
+        raise RuntimeError(f"chromium failed on {doc} (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    console = [
+        line for line in proc.stderr.splitlines()
+        if ":CONSOLE" in line and not CONSOLE_IGNORE.search(line)
+    ]
+    return Rendered(doc, proc.stdout, console, shot)
+
+
+@pytest.fixture(scope="session")
+def rendered(server: str) -> dict[str, Rendered]:
+    """Every page of the book, rendered offline in headless Chromium (two at a time)."""
+    chromium = _chromium()
+    if chromium is None:
+        message = ("no Chromium found (set CHROMIUM=/path/to/chromium, or `apt-get install chromium`); "
+                   "the rendered-page checks need a real browser")
+        if _in_ci():
+            pytest.fail(message + " - CI=true, so this is an error", pytrace=False)
+        pytest.skip(message)
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        pages = list(pool.map(lambda d: _render(chromium, server, d), DOCS))
+    return {p.doc: p for p in pages}
+
+
+# --- the build ---------------------------------------------------------------------------
+
+
+def test_book_builds_without_warnings(book: Path) -> None:
+    """The fixture's build ran with -W -n --keep-going; every page of the toc exists."""
+    for doc in DOCS:
+        assert (book / f"{doc}.html").is_file(), f"{doc}.html was not built"
+
+
+# Seconds a chapter may take to execute top to bottom on a 2-core CPU (the build's own timing).
+CHAPTER_BUDGET_S = {"chapters/07_decoder_only": 180.0}
+DEFAULT_BUDGET_S = 90.0
+
+
+@pytest.mark.parametrize("doc", CHAPTERS)
+def test_chapter_executes_within_its_time_budget(book: Path, doc: str) -> None:
+    """jupyter-cache records how long each notebook took when the build executed it."""
+    from jupyter_cache import get_cache
+
+    records = {Path(r.uri).resolve(): r for r in get_cache(BUILD / ".jupyter_cache").list_cache_records()}
+    record = records.get((ROOT / f"{doc}.ipynb").resolve())
+    assert record is not None, f"{doc} was not executed by the build"
+    seconds = record.data["execution_seconds"]
+    budget = CHAPTER_BUDGET_S.get(doc, DEFAULT_BUDGET_S)
+    print(f"{doc}: executed in {seconds:.1f} s (budget {budget:.0f} s)")
+    assert seconds <= budget, f"{doc} took {seconds:.1f} s to execute; the budget is {budget:.0f} s"
+
+
+def test_pages_load_nothing_from_the_network(book: Path) -> None:
+    """No <script src>, stylesheet or image points at a CDN: the book must work offline."""
+    remote = re.compile(r"<(script|link|img)\b[^>]*\b(src|href)=\"(https?:)?//[^\"]+\"[^>]*>", re.I)
+    offenders = []
+    for page in book.rglob("*.html"):
+        for m in remote.finditer(page.read_text(errors="replace")):
+            tag = m.group(0)
+            if m.group(1).lower() == "link" and "stylesheet" not in tag and "preload" not in tag:
+                continue  # plain links (e.g. rel="canonical") load nothing
+            offenders.append(f"{page.relative_to(book)}: {tag[:160]}")
+    assert not offenders, "remote resources in the built book:\n" + "\n".join(offenders)
+
+
+def test_vendored_scripts_and_licences(book: Path) -> None:
+    static = book / "_static" / "npm"
+    for rel in ("requirejs/require.js", "html-manager/embed-amd.js", "d3/d3.min.js", "jquery/jquery.min.js",
+                "mathjax/tex-mml-chtml.js", "LICENSES.md"):
+        assert (static / rel).is_file(), f"_static/npm/{rel} missing: run scripts/vendor_js.py"
+    licences = (static / "LICENSES.md").read_text()
+    for name in ("requirejs", "@jupyter-widgets/html-manager", "d3", "jquery", "mathjax"):
+        assert f"| {name} |" in licences
+
+
+# --- the pages, as a reader sees them -----------------------------------------------------
+
+
+def _requirements(doc: str) -> set[str]:
+    needs = set(CHAPTER_REQUIRES) if doc.startswith("chapters/") else set()
+    return needs | EXTRA_REQUIRES.get(doc, set())
+
+
+def _article(page: Rendered) -> "bs4.Tag":
+    soup = page.soup
+    article = soup.select_one("article.bd-article") or soup.select_one("main") or soup.body
+    assert article is not None, f"{page.doc}: no article element"
+    return article
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_page_has_no_errors(rendered: dict[str, Rendered], doc: str) -> None:
+    page = rendered[doc]
+    article = _article(page)
+    bad = article.select(".output.stderr, .output.traceback, .output.error")
+    assert not bad, f"{doc}: error/stderr output in the page: {bad[0].get_text()[:500]!r}"
+    text = article.get_text()
+    for marker in ("Traceback (most recent call last)", "ename"):
+        assert marker not in text, f"{doc}: {marker!r} in the page"
+    uncaught = [line for line in page.console if "Uncaught" in line or "Script error" in line]
+    assert not uncaught, f"{doc}: uncaught script errors:\n" + "\n".join(uncaught)
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_math_is_typeset(rendered: dict[str, Rendered], doc: str) -> None:
+    article = _article(rendered[doc])
+    maths = article.select(".math")
+    if "math" in _requirements(doc):
+        assert maths, f"{doc}: no equations (expected at least one)"
+    raw = [m for m in maths if m.select_one("mjx-container") is None and not m.find_parent("mjx-container")]
+    assert not raw, f"{doc}: {len(raw)} equation(s) not typeset by MathJax, e.g. {raw[0].get_text()[:120]!r}"
+    errors = article.select("mjx-merror")
+    assert not errors, f"{doc}: TeX errors: {[e.get('data-mjx-error') for e in errors]}"
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_figures_render(rendered: dict[str, Rendered], doc: str) -> None:
+    article = _article(rendered[doc])
+    images = article.select(".cell_output img, figure img, img.image")
+    if "figure" in _requirements(doc):
+        assert images, f"{doc}: no figure"
+    for img in images:
+        src = img.get("src", "")
+        if src.startswith("data:image/"):
+            continue
+        assert re.search(r"\.(png|svg|jpe?g|gif)$", src), f"{doc}: unexpected image source {src[:80]!r}"
+        target = (HTML / doc).parent / src
+        assert target.resolve().is_file(), f"{doc}: image {src} missing from the build"
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_widgets_render(rendered: dict[str, Rendered], doc: str) -> None:
+    article = _article(rendered[doc])
+    views = article.select('script[type="application/vnd.jupyter.widget-view+json"]')
+    if "widget" in _requirements(doc):
+        assert views, f"{doc}: no widget (every chapter has at least one, with saved state)"
+    for view in views:
+        container = view.parent
+        drawn = container.select(".jupyter-widgets")
+        assert drawn, f"{doc}: a widget was not rendered from its saved state: {view.get_text()[:120]}"
+    if views:
+        assert article.select(".widget-subarea .jupyter-widgets"), f"{doc}: no rendered widget DOM"
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_bertviz_views_render(rendered: dict[str, Rendered], doc: str) -> None:
+    article = _article(rendered[doc])
+    views = article.select('div[id^="bertviz-"]')
+    if "bertviz" in _requirements(doc):
+        assert views, f"{doc}: no bertviz view"
+    for view in views:
+        svg = view.select_one("svg")
+        assert svg is not None and len(svg.find_all(True)) > 10, (
+            f"{doc}: bertviz view {view.get('id')} is empty (d3/jquery did not load offline?)"
+        )
+
+
+def test_pipeline_check_shows_everything(rendered: dict[str, Rendered]) -> None:
+    """The smoke page: the widget's saved Output text, a slider, the bertviz view, the citation."""
+    doc = "chapters/00_pipeline_check"
+    if doc not in rendered:
+        pytest.skip("the pipeline check page is no longer in the book")
+    article = _article(rendered[doc])
+    assert article.select_one(".widget-slider"), "no slider rendered"
+    assert "attends most to" in article.get_text(), "the Output widget's saved text is missing"
+    assert article.select_one('a[href*="bibliography"]'), "the citation does not link to the bibliography"
+    assert rendered[doc].screenshot.is_file()

@@ -1,0 +1,120 @@
+"""transformer_lib.viz: bertviz views rewritten to render offline (the browser check is in test_book.py)."""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("bertviz")
+from transformer_lib import viz  # noqa: E402
+
+TOKENS = ["the", "cat", "sat"]
+
+
+def _attn(n_layers: int = 2, B: int = 1, n_heads: int = 2, T_q: int = 3, T_k: int = 3) -> list[torch.Tensor]:
+    return [torch.softmax(torch.randn(B, n_heads, T_q, T_k), dim=-1) for _ in range(n_layers)]
+
+
+def _script(html: str) -> str:
+    match = re.search(r"<script type=\"text/javascript\">\n(.*)\n</script>", html, re.S)
+    assert match, "no inline script in the view"
+    return match.group(1)
+
+
+@pytest.mark.parametrize("view", [viz.head_view, viz.model_view])
+def test_paths_fall_back_to_the_vendored_copies(view) -> None:
+    html = view(_attn(), TOKENS, display=False).data
+    js = _script(html)
+    # bertviz's unconditional CDN require.js tag is gone; require.js is fetched only when missing.
+    assert "<script src=" not in html
+    assert 'typeof window.requirejs === "function"' in js
+    # Each module: CDN first, then the local copy under _static/npm/.
+    assert '"d3": "https://cdnjs.cloudflare.com/ajax/libs/d3/5.7.0/d3.min"' in js
+    assert '"d3": "d3/d3.min"' in js and '"jquery": "jquery/jquery.min"' in js
+    assert "[cdnPaths[name], base + localPaths[name]]" in js
+    assert 'script[src*="npm/requirejs/require.js"]' in js
+    # bertviz's own CDN-only require.config is removed; only ours remains.
+    assert js.count("require.config(") == 1
+    # The params JSON appears once (bertviz also echoes it into a comment).
+    assert js.count('"left_text"') == 1
+
+
+def test_rewritten_script_is_valid_javascript(tmp_path) -> None:
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node not installed")
+    for view in (viz.head_view, viz.model_view):
+        path = tmp_path / f"{view.__name__}.js"
+        path.write_text(_script(view(_attn(), TOKENS, display=False).data))
+        proc = subprocess.run([node, "--check", str(path)], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+
+
+def test_accepts_3d_layers_numpy_and_batch_index() -> None:
+    a3 = [torch.softmax(torch.randn(2, 3, 3), -1) for _ in range(2)]  # (n_heads, T, T)
+    assert "bertviz-" in viz.head_view(a3, TOKENS, display=False).data
+    anp = [x.numpy() for x in a3]
+    assert "bertviz-" in viz.head_view(anp, TOKENS, display=False).data
+    batch = _attn(B=3)
+    html = viz.head_view(batch, TOKENS, batch_index=2, display=False).data
+    first = round(float(batch[0][2, 0, 0, 0]), 4)
+    assert f"[[[[{first}" in html.replace(" ", "")
+
+
+def test_weights_are_rounded() -> None:
+    html = viz.head_view(_attn(), TOKENS, decimals=2, display=False).data
+    numbers = re.findall(r"\d\.\d+", html.split('"attn":', 1)[1].split('"left_text"', 1)[0])
+    assert numbers and all(len(n.split(".")[1]) <= 2 for n in numbers)
+
+
+def test_encoder_decoder_views() -> None:
+    enc, dec = ["a", "b", "c"], ["x", "y"]
+    html = viz.head_view(
+        None,
+        encoder_attention=_attn(T_q=3, T_k=3),
+        decoder_attention=_attn(T_q=2, T_k=2),
+        cross_attention=_attn(T_q=2, T_k=3),
+        encoder_tokens=enc,
+        decoder_tokens=dec,
+        display=False,
+    ).data
+    assert '"name": "Cross"' in html and '"name": "Encoder"' in html
+    html = viz.model_view(None, cross_attention=_attn(T_q=2, T_k=3), encoder_tokens=enc, decoder_tokens=dec,
+                          display=False).data
+    assert '"name": "Cross"' in html
+
+
+def test_display_true_returns_none(monkeypatch) -> None:
+    shown = []
+    monkeypatch.setattr(viz, "ipy_display", shown.append)
+    assert viz.head_view(_attn(), TOKENS) is None
+    assert len(shown) == 1 and "bertviz-" in shown[0].data
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        (dict(attention=_attn(), tokens=["a", "b"]), ValueError, "3 positions but 2 tokens"),
+        (dict(attention=_attn(), tokens=None), ValueError, "tokens: required"),
+        (dict(attention=[torch.rand(3, 3)], tokens=TOKENS), ValueError, "got (3, 3)"),
+        (dict(attention=_attn(T_q=2, T_k=3), tokens=TOKENS), ValueError, "must be square"),
+        (dict(attention=[torch.ones(1, 2, 3, 3, dtype=torch.long)], tokens=TOKENS), TypeError, "floating-point"),
+        (dict(attention=_attn(B=2), tokens=TOKENS, batch_index=5), ValueError, "batch_index 5 out of range"),
+        (dict(attention=[], tokens=TOKENS), TypeError, "non-empty list"),
+        (dict(attention=None), ValueError, "give attention"),
+        (dict(attention=None, cross_attention=_attn(T_q=2, T_k=3), encoder_tokens=["a", "b", "c"],
+              decoder_tokens=["x"]), ValueError, "decoder_tokens"),
+    ],
+)
+def test_bad_input_names_what_was_expected(kwargs, error, message) -> None:
+    with pytest.raises(error, match=re.escape(message)):
+        viz.head_view(display=False, **kwargs)
+
+
+def test_layout_change_in_bertviz_is_loud() -> None:
+    with pytest.raises(RuntimeError, match="layout changed"):
+        viz.offline_html("<div>no scripts here</div>")

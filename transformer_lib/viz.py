@@ -1,0 +1,270 @@
+"""Attention views (bertviz) that also render in the offline HTML book.
+
+bertviz draws attention heads with d3 and jquery, which it loads through require.js from
+hard-coded CDN URLs. That works in Jupyter and Colab with internet access, but the HTML
+book must render with no network at all. The wrappers here call bertviz with
+``html_action='return'`` and rewrite its script so that
+
+* every ``require.config`` path becomes a fallback list: the CDN first, then the copy that
+  ``scripts/vendor_js.py`` puts in the book's ``_static/npm/`` folder (require.js moves on
+  to the next entry when a load fails);
+* the local folder is found at run time from the ``<script>`` tag that loaded the book's own
+  require.js (``_static/npm/requirejs/require.js``), falling back to Sphinx's
+  ``data-content_root`` attribute, so it resolves from every page (``chapters/...``,
+  ``book/...``) whatever its depth;
+* require.js itself is only fetched from the CDN when the page has none (JupyterLab, Colab),
+  and the view is drawn once it has loaded; the book's pages already load it.
+
+Used from chapter 1 (Attention) on; chapters feed it the attention weights that the
+library's modules return with ``need_weights=True``.
+"""
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from IPython.display import HTML, display as ipy_display
+
+__all__ = ["head_view", "model_view", "offline_html"]
+
+#: Where scripts/vendor_js.py puts the vendored npm packages, relative to ``_static``.
+VENDOR_DIR = "npm/"
+#: Local file (without ``.js``, as require.js wants it) for each module bertviz loads.
+LOCAL_MODULES = {"d3": "d3/d3.min", "jquery": "jquery/jquery.min"}
+REQUIRE_CDN = "https://cdnjs.cloudflare.com/ajax/libs/require.js/2.3.6/require.min.js"
+
+AttentionLike = Sequence[torch.Tensor | np.ndarray] | torch.Tensor | np.ndarray
+
+_REQUIRE_TAG = re.compile(r"<script\s+src=\"[^\"]*require(?:\.min)?\.js\"\s*>\s*</script>")
+_SCRIPT = re.compile(r"<script type=\"text/javascript\">\n(?P<js>.*)\n</script>\s*$", re.S)
+_CONFIG = re.compile(r"require\.config\(\{\s*paths:\s*\{(?P<body>[^{}]*)\}\s*\}\);")
+_PATH_ENTRY = re.compile(r"(?P<name>[\w$]+)\s*:\s*['\"](?P<url>[^'\"]+)['\"]")
+
+# Runs inside the page: find the book's vendor folder, then draw the view.
+_LOADER = """(function () {
+  function localBase() {
+    var tag = document.querySelector('script[src*="%(vendor)srequirejs/require.js"]');
+    if (tag && tag.src) { return tag.src.replace(/requirejs\\/require\\.js.*$/, ""); }
+    var root = document.documentElement.getAttribute("data-content_root");
+    if (root !== null) { return new URL(root + "_static/%(vendor)s", document.baseURI).href; }
+    return null;
+  }
+  var base = localBase();
+  var cdnPaths = %(cdn)s;
+  var localPaths = %(local)s;
+  var paths = {};
+  Object.keys(cdnPaths).forEach(function (name) {
+    paths[name] = (base && localPaths[name]) ? [cdnPaths[name], base + localPaths[name]] : cdnPaths[name];
+  });
+  function draw() {
+    require.config({paths: paths});
+%(body)s
+  }
+  if (typeof window.requirejs === "function") {
+    draw();
+  } else {
+    var s = document.createElement("script");
+    s.src = "%(require_cdn)s";
+    s.onload = draw;
+    document.head.appendChild(s);
+  }
+})();"""
+
+
+def offline_html(html: str) -> str:
+    """Rewrite bertviz's returned HTML so it renders offline in the built book.
+
+    Drops bertviz's unconditional ``<script src=...require.min.js>`` tag (the book loads its
+    own require.js; elsewhere the loader fetches one only if missing) and replaces the CDN-only
+    ``require.config`` paths by CDN-then-local fallback lists.
+
+    Raises ``RuntimeError`` if bertviz's output no longer has the expected layout, rather than
+    silently producing a view that stays blank offline.
+    """
+    html, n_tags = _REQUIRE_TAG.subn("", html, count=1)
+    match = _SCRIPT.search(html)
+    config = _CONFIG.search(match.group("js")) if match else None
+    if n_tags != 1 or match is None or config is None:
+        raise RuntimeError(
+            "bertviz's HTML layout changed (expected a require.js <script> tag and a "
+            "require.config({paths: ...}) block); update transformer_lib.viz.offline_html"
+        )
+    cdn = {m.group("name"): m.group("url") for m in _PATH_ENTRY.finditer(config.group("body"))}
+    missing = set(cdn) - set(LOCAL_MODULES)
+    if missing:
+        raise RuntimeError(f"bertviz requires modules with no vendored copy: {sorted(missing)}")
+    js = match.group("js")
+    body = _drop_params_echo(js[: config.start()] + js[config.end():])
+    loader = _LOADER % {
+        "vendor": VENDOR_DIR,
+        "cdn": json.dumps(cdn),
+        "local": json.dumps({k: LOCAL_MODULES[k] for k in cdn}),
+        "require_cdn": REQUIRE_CDN,
+        "body": body,
+    }
+    return html[: match.start()] + '<script type="text/javascript">\n' + loader + "\n</script>\n"
+
+
+def _drop_params_echo(js: str) -> str:
+    """bertviz substitutes its params JSON twice: in code and in a trailing comment. Drop the comment."""
+    lines = js.split("\n")
+    for i, line in enumerate(lines):
+        head, sep, rest = line.partition("const params = ")
+        if not sep:
+            continue
+        mid, tail = "; // HACK: ", " is a template marker that is replaced by actual params."
+        n = (len(rest) - len(mid) - len(tail)) // 2
+        if n > 0 and rest == rest[:n] + mid + rest[:n] + tail:
+            lines[i] = head + sep + rest[:n] + ";"
+    return "\n".join(lines)
+
+
+def _layer_tensor(a: torch.Tensor | np.ndarray, where: str, batch_index: int, decimals: int) -> torch.Tensor:
+    """One layer's weights as a ``(1, n_heads, T_q, T_k)`` float64 tensor, rounded for a compact page."""
+    t = torch.as_tensor(a).detach().to("cpu")
+    if not torch.is_floating_point(t):
+        raise TypeError(f"{where}: expected floating-point attention weights, got dtype {t.dtype}")
+    if t.dim() == 3:
+        t = t.unsqueeze(0)
+    elif t.dim() == 4:
+        if not -t.shape[0] <= batch_index < t.shape[0]:
+            raise ValueError(f"{where}: batch_index {batch_index} out of range for batch size {t.shape[0]}")
+        t = t[batch_index : batch_index + 1] if batch_index != -1 else t[-1:]
+    else:
+        raise ValueError(
+            f"{where}: expected shape (B, n_heads, T_q, T_k) or (n_heads, T_q, T_k), got {tuple(t.shape)}"
+        )
+    return t.to(torch.float64).round(decimals=decimals)
+
+
+def _layers(attention: AttentionLike, name: str, batch_index: int, decimals: int) -> list[torch.Tensor]:
+    """Normalize a list over layers (or a single layer's tensor) for bertviz."""
+    if isinstance(attention, (torch.Tensor, np.ndarray)):
+        attention = [attention]
+    if not isinstance(attention, Sequence) or len(attention) == 0:
+        raise TypeError(f"{name}: expected a non-empty list over layers of tensors, got {type(attention).__name__}")
+    layers = [_layer_tensor(a, f"{name}[{i}]", batch_index, decimals) for i, a in enumerate(attention)]
+    shapes = {tuple(t.shape) for t in layers}
+    if len(shapes) != 1:
+        raise ValueError(f"{name}: all layers must have the same shape, got {sorted(shapes)}")
+    return layers
+
+
+def _check_tokens(tokens: Sequence[str] | None, n: int, what: str) -> list[str] | None:
+    if tokens is None:
+        return None
+    tokens = [str(t) for t in tokens]
+    if len(tokens) != n:
+        raise ValueError(f"{what}: attention covers {n} positions but {len(tokens)} tokens were given")
+    return tokens
+
+
+def _prepare(
+    attention: AttentionLike | None,
+    tokens: Sequence[str] | None,
+    kw: dict[str, Any],
+    batch_index: int,
+    decimals: int,
+) -> dict[str, Any]:
+    args = dict(kw)
+    if attention is not None:
+        if tokens is None:
+            raise ValueError("tokens: required with attention (one string per position)")
+        layers = _layers(attention, "attention", batch_index, decimals)
+        _, _, T_q, T_k = layers[0].shape
+        if T_q != T_k:
+            raise ValueError(f"attention: self-attention must be square, got T_q={T_q}, T_k={T_k}; "
+                             "use encoder_attention/decoder_attention/cross_attention")
+        args["attention"] = layers
+        args["tokens"] = _check_tokens(tokens, T_q, "tokens")
+        return args
+    enc_tokens, dec_tokens = args.get("encoder_tokens"), args.get("decoder_tokens")
+    found = False
+    for key in ("encoder_attention", "decoder_attention", "cross_attention"):
+        if args.get(key) is not None:
+            found = True
+            args[key] = _layers(args[key], key, batch_index, decimals)
+    if not found:
+        raise ValueError("give attention (self-attention model) or encoder_attention/decoder_attention/cross_attention")
+    if args.get("encoder_attention") is not None:
+        T = args["encoder_attention"][0].shape[-1]
+        args["encoder_tokens"] = _check_tokens(enc_tokens, T, "encoder_tokens")
+    if args.get("decoder_attention") is not None:
+        T = args["decoder_attention"][0].shape[-1]
+        args["decoder_tokens"] = _check_tokens(dec_tokens, T, "decoder_tokens")
+    if args.get("cross_attention") is not None:
+        _, _, T_q, T_k = args["cross_attention"][0].shape
+        args["decoder_tokens"] = _check_tokens(dec_tokens, T_q, "decoder_tokens (cross_attention rows)")
+        args["encoder_tokens"] = _check_tokens(enc_tokens, T_k, "encoder_tokens (cross_attention columns)")
+    return args
+
+
+def _show(view: Any, args: dict[str, Any], display: bool) -> HTML | None:
+    html = HTML(offline_html(view(html_action="return", **args).data))
+    if display:
+        ipy_display(html)
+        return None
+    return html
+
+
+def head_view(
+    attention: AttentionLike | None,
+    tokens: Sequence[str] | None = None,
+    *,
+    batch_index: int = 0,
+    decimals: int = 4,
+    display: bool = True,
+    **kw: Any,
+) -> HTML | None:
+    """Show bertviz's head view (one layer, all heads, token-to-token lines); works offline in the book.
+
+    Shapes:
+        attention: a list over layers of ``(B, n_heads, T, T)`` or ``(n_heads, T, T)`` tensors
+            (a single tensor is one layer); ``batch_index`` picks the sequence when ``B > 1``.
+        tokens: ``T`` strings.
+        encoder_attention / decoder_attention (kw): lists of ``(B, n_heads, T_src, T_src)`` /
+            ``(B, n_heads, T_tgt, T_tgt)``; cross_attention (kw): ``(B, n_heads, T_tgt, T_src)``;
+            with ``encoder_tokens`` (``T_src``) and ``decoder_tokens`` (``T_tgt``). Pass
+            ``attention=None`` for an encoder-decoder model.
+
+    Other keyword arguments go to ``bertviz.head_view`` (``layer``, ``heads``,
+    ``include_layers``, ``sentence_b_start``, ``prettify_tokens``). Weights are rounded to
+    ``decimals`` places to keep pages small. With ``display=False`` the ``IPython.display.HTML``
+    is returned instead of shown.
+    """
+    from bertviz import head_view as _head_view
+
+    return _show(_head_view, _prepare(attention, tokens, kw, batch_index, decimals), display)
+
+
+def model_view(
+    attention: AttentionLike | None,
+    tokens: Sequence[str] | None = None,
+    *,
+    batch_index: int = 0,
+    decimals: int = 4,
+    display: bool = True,
+    display_mode: str = "light",
+    **kw: Any,
+) -> HTML | None:
+    """Show bertviz's model view (a grid of layers x heads, one thumbnail per head); works offline.
+
+    Shapes:
+        attention: a list over layers of ``(B, n_heads, T, T)`` or ``(n_heads, T, T)`` tensors;
+            ``batch_index`` picks the sequence when ``B > 1``.
+        tokens: ``T`` strings.
+        encoder_attention / decoder_attention / cross_attention (kw): as in :func:`head_view`.
+
+    Other keyword arguments go to ``bertviz.model_view`` (``include_layers``,
+    ``include_heads``, ``sentence_b_start``, ``prettify_tokens``). ``display_mode`` is
+    ``"light"`` (default here, to match the book) or ``"dark"`` (bertviz's default).
+    """
+    from bertviz import model_view as _model_view
+
+    args = _prepare(attention, tokens, kw, batch_index, decimals)
+    args["display_mode"] = display_mode
+    return _show(_model_view, args, display)
