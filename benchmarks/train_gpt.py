@@ -1,7 +1,8 @@
 """Train transformer_lib's GPT on a text file, character level, and report speed and validation loss.
 
 The recipe follows nanoGPT's ``shakespeare_char`` on CPU: AdamW, linear warm-up then
-cosine decay to ``--min-lr``, dropout 0. The last line printed is
+cosine decay to ``--min-lr``, dropout 0, through the library's own training engine
+(:class:`transformer_lib.training.Trainer`). The last line printed is
 
     tokens_per_s=<number> val_loss=<number>
 
@@ -14,33 +15,12 @@ where tokens per second counts training steps only (evaluation excluded).
 from __future__ import annotations
 
 import argparse
-import math
-import time
 
 import torch
 
-from transformer_lib import GPT, GPTConfig, get_device, set_seed
+from transformer_lib import GPT, GPTConfig, count_parameters, get_device, set_seed
 from transformer_lib.text import CharTokenizer, load_shakespeare, random_blocks, split_train_val
-
-
-def lr_at(step: int, lr: float, min_lr: float, warmup: int, iters: int) -> float:
-    """Linear warm-up for ``warmup`` steps, then cosine decay from ``lr`` to ``min_lr`` at ``iters``."""
-    if step < warmup:
-        return lr * (step + 1) / warmup
-    progress = min(1.0, (step - warmup) / max(1, iters - warmup))
-    return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (lr - min_lr)
-
-
-@torch.no_grad()
-def estimate_loss(model: GPT, data: torch.Tensor, batch_size: int, block_size: int, eval_iters: int,
-                  device: torch.device, generator: torch.Generator) -> float:
-    model.eval()
-    losses = torch.zeros(eval_iters)
-    for i in range(eval_iters):
-        x, y = random_blocks(data, batch_size, block_size, generator)
-        losses[i] = model(x.to(device), y.to(device))[1]
-    model.train()
-    return losses.mean().item()
+from transformer_lib.training import TrainConfig, Trainer
 
 
 def main() -> None:
@@ -68,35 +48,20 @@ def main() -> None:
     text = load_shakespeare() if args.shakespeare else open(args.text, encoding="utf-8").read()
     tok = CharTokenizer(text)
     train, val = split_train_val(tok.encode(text))
-    cfg = GPTConfig(vocab_size=tok.vocab_size, block_size=args.block_size, n_layer=args.n_layer,
-                    n_head=args.n_head, d_model=args.d_model, dropout=0.0)
-    model = GPT(cfg).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.99), weight_decay=0.1,
-                            fused=device.type == "cuda")
-    gen = torch.Generator().manual_seed(args.seed)
-    print(f"device={device} params={sum(p.numel() for p in model.parameters()):,} "
-          f"train_tokens={len(train):,} val_tokens={len(val):,}")
-
-    train_time, val_loss = 0.0, float("nan")
-    for step in range(args.iters + 1):
-        if step % args.eval_interval == 0 or step == args.iters:
-            val_loss = estimate_loss(model, val, args.batch_size, args.block_size, args.eval_iters, device, gen)
-            print(f"step {step}: val_loss {val_loss:.4f}", flush=True)
-        if step == args.iters:
-            break
-        t0 = time.perf_counter()
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, args.lr, args.min_lr, args.warmup, args.iters)
-        x, y = random_blocks(train, args.batch_size, args.block_size, gen)
-        _, loss = model(x.to(device, non_blocking=True), y.to(device, non_blocking=True))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        if device.type == "cuda":
-            torch.cuda.synchronize()  # time the step, not just its launch
-        train_time += time.perf_counter() - t0
-    tokens = args.iters * args.batch_size * args.block_size
-    print(f"tokens_per_s={tokens / train_time:.0f} val_loss={val_loss:.4f}")
+    model = GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=args.block_size, n_layer=args.n_layer,
+                          n_head=args.n_head, d_model=args.d_model, dropout=0.0))
+    config = TrainConfig(max_steps=args.iters, lr=args.lr, min_lr=args.min_lr, warmup_steps=args.warmup,
+                         weight_decay=0.1, betas=(0.9, 0.99), grad_clip=1.0, eval_interval=args.eval_interval,
+                         eval_steps=args.eval_iters, log_interval=args.eval_interval, seed=args.seed, progress=False)
+    trainer = Trainer(model, config, lambda g: random_blocks(train, args.batch_size, args.block_size, g),
+                      lambda g: random_blocks(val, args.batch_size, args.block_size, g),
+                      count=lambda batch: batch[0].numel(), device=device)
+    print(f"device={device} threads={torch.get_num_threads()} params={count_parameters(model):,} "
+          f"train_tokens={len(train):,} val_tokens={len(val):,}", flush=True)
+    history = trainer.fit()
+    for step, loss in zip(history.eval_steps, history.val_loss):
+        print(f"step {step}: val_loss {loss:.4f}")
+    print(f"tokens_per_s={history.items_per_second:.0f} val_loss={history.val_loss[-1]:.4f}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,124 @@
+import math
+import sys
+
+import pytest
+import torch
+
+from transformer_lib import GPT, GPTConfig
+from transformer_lib.text import random_blocks
+from transformer_lib.training import TrainConfig, Trainer, lr_at, make_optimizer, plot_history
+
+DATA = torch.arange(400) % 7  # a periodic "text": easy to learn
+
+
+def batches(generator):
+    return random_blocks(DATA, 8, 16, generator)
+
+
+def tiny_gpt(seed=0, **kw):
+    torch.manual_seed(seed)
+    return GPT(GPTConfig(vocab_size=7, block_size=16, n_layer=1, n_head=2, d_model=16, dropout=0.1, **kw))
+
+
+def trainer(model, steps=20, **kw):
+    cfg = TrainConfig(max_steps=steps, lr=3e-3, warmup_steps=5, eval_interval=10, eval_steps=2, log_interval=5,
+                      progress=False, **kw)
+    return Trainer(model, cfg, batches, batches, device="cpu", count=lambda b: b[0].numel())
+
+
+def test_learning_rate_schedule():
+    assert lr_at(0, 1.0, 0.1, 10, 100) == pytest.approx(0.1)
+    assert lr_at(9, 1.0, 0.1, 10, 100) == pytest.approx(1.0)
+    assert lr_at(55, 1.0, 0.1, 10, 100) == pytest.approx(0.55)  # halfway down the cosine
+    assert lr_at(100, 1.0, 0.1, 10, 100) == pytest.approx(0.1)
+    assert lr_at(500, 1.0, 0.1, 10, 100) == pytest.approx(0.1)
+
+
+def test_weight_decay_skips_norms_and_biases():
+    model = tiny_gpt()
+    opt = make_optimizer(model, 1e-3, 0.1)
+    decay, no_decay = opt.param_groups
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert all(p.dim() >= 2 for p in decay["params"]) and all(p.dim() == 1 for p in no_decay["params"])
+    norm_weight = model.blocks[0].norm1.weight
+    assert any(p is norm_weight for p in no_decay["params"])
+
+
+def test_training_lowers_the_loss_and_records_history():
+    t = trainer(tiny_gpt(), steps=60)
+    h = t.fit()
+    assert h.val_loss[-1] < h.val_loss[0] - 0.5, h.val_loss
+    assert h.eval_steps == [0, 10, 20, 30, 40, 50, 60]
+    assert h.steps == list(range(5, 61, 5)) and len(h.train_loss) == 12
+    assert h.items == 60 * 8 * 16 and h.items_per_second > 0
+    assert plot_history(h).axes[0].get_xlabel() == "step"
+
+
+def test_resume_gives_the_same_weights(tmp_path):
+    straight = trainer(tiny_gpt(), steps=20)
+    straight.fit()
+    first = trainer(tiny_gpt(), steps=20)
+    first.fit(steps=10)
+    first.save(tmp_path / "ckpt.pt")
+    torch.manual_seed(123)  # disturb every random stream before resuming
+    resumed = trainer(tiny_gpt(seed=5), steps=20)
+    resumed.load(tmp_path / "ckpt.pt")
+    assert resumed.step == 10
+    resumed.fit()
+    for (name, a), b in zip(straight.model.state_dict().items(), resumed.model.state_dict().values()):
+        torch.testing.assert_close(a, b, msg=name)
+    assert straight.history.val_loss == resumed.history.val_loss
+
+
+def test_interrupted_save_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
+    t = trainer(tiny_gpt(), steps=10)
+    t.fit(steps=5)
+    path = t.save(tmp_path / "ckpt.pt")
+    good = path.read_bytes()
+    t.fit()
+
+    def crash(obj, f, *a, **k):
+        with open(f, "wb") as fh:
+            fh.write(b"half a checkpoint")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch, "save", crash)
+    with pytest.raises(KeyboardInterrupt):
+        t.save(path)
+    assert path.read_bytes() == good
+    monkeypatch.undo()
+    fresh = trainer(tiny_gpt(), steps=10)
+    fresh.load(path)
+    assert fresh.step == 5
+
+
+def test_checkpoint_for_another_config_is_rejected(tmp_path):
+    t = trainer(tiny_gpt(), steps=4)
+    t.fit()
+    t.save(tmp_path / "ckpt.pt")
+    other = trainer(tiny_gpt(norm="rmsnorm"), steps=4)
+    with pytest.raises(ValueError, match=r"different model config; differing fields: \['norm'\]"):
+        other.load(tmp_path / "ckpt.pt")
+
+
+def test_no_host_sync_between_log_intervals(monkeypatch):
+    calls = []
+    item = torch.Tensor.item
+
+    def counting_item(self):  # count the syncs our own code asks for (PyTorch's CPU AdamW has its own)
+        if "transformer_lib" in sys._getframe(1).f_code.co_filename:
+            calls.append(1)
+        return item(self)
+
+    monkeypatch.setattr(torch.Tensor, "item", counting_item)
+    t = trainer(tiny_gpt(), steps=20)
+    t.config.eval_interval = 1000
+    t.fit()
+    # one .item() per log interval (4) and one per evaluation (at step 0 and at the end)
+    assert len(calls) == 4 + 2, len(calls)
+
+
+def test_bad_config():
+    with pytest.raises(ValueError, match="max_steps"):
+        TrainConfig(max_steps=0)
+    assert math.isfinite(TrainConfig().lr)

@@ -1,0 +1,294 @@
+"""The training engine shared by chapters 4 to 7 and the benchmarks.
+
+A small, readable loop: AdamW with weight-decay groups, linear warm-up then cosine decay,
+gradient clipping, periodic evaluation, autocast and a fused optimizer on CUDA (plain fp32
+on the CPU), atomic checkpoints that resume exactly, and a loss plot that updates live in a
+notebook. The loop never waits for the GPU except when it logs.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field, is_dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from .utils import get_device
+
+Batch = Any
+BatchFn = Callable[[torch.Generator], Batch]
+LossFn = Callable[[nn.Module, Batch], Tensor]
+
+
+@dataclass
+class TrainConfig:
+    """How to train. ``min_lr`` is reached at ``max_steps`` by the cosine schedule."""
+
+    max_steps: int = 1000
+    lr: float = 1e-3
+    min_lr: float = 1e-4
+    warmup_steps: int = 100
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.99)
+    grad_clip: float | None = 1.0
+    eval_interval: int = 100
+    eval_steps: int = 10
+    log_interval: int = 10
+    seed: int = 0
+    amp: bool = True  # bf16/fp16 autocast, on CUDA only
+    progress: bool = True  # a tqdm bar (never in the book build)
+    live_plot: bool = False  # redraw the loss curves in the notebook at every evaluation
+
+    def __post_init__(self) -> None:
+        if self.max_steps < 1 or self.eval_interval < 1 or self.log_interval < 1:
+            raise ValueError("max_steps, eval_interval and log_interval must be >= 1")
+        if self.warmup_steps < 0 or self.lr <= 0 or self.min_lr < 0:
+            raise ValueError(f"need warmup_steps >= 0, lr > 0, min_lr >= 0; got {self.warmup_steps}, {self.lr}, "
+                             f"{self.min_lr}")
+
+
+def lr_at(step: int, lr: float, min_lr: float, warmup_steps: int, max_steps: int) -> float:
+    """Linear warm-up to ``lr`` over ``warmup_steps``, then cosine decay to ``min_lr`` at ``max_steps``."""
+    if step < warmup_steps:
+        return lr * (step + 1) / warmup_steps
+    progress = min(1.0, (step - warmup_steps) / max(1, max_steps - warmup_steps))
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (lr - min_lr)
+
+
+def make_optimizer(model: nn.Module, lr: float, weight_decay: float, betas: tuple[float, float] = (0.9, 0.99),
+                   device: torch.device | None = None) -> torch.optim.AdamW:
+    """AdamW where only matrices (weights of linears and embeddings) decay; norms and biases do not."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    fused = device is not None and device.type == "cuda"
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=fused)
+
+
+def default_loss(model: nn.Module, batch: Batch) -> Tensor:
+    """For models whose ``forward(x, y)`` returns ``(logits, loss)``, like :class:`~transformer_lib.models.GPT`."""
+    x, y = batch
+    return model(x, y)[1]
+
+
+def _to(batch: Batch, device: torch.device) -> Batch:
+    if isinstance(batch, Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(_to(b, device) for b in batch)
+    if isinstance(batch, dict):
+        return {k: _to(v, device) for k, v in batch.items()}
+    return batch
+
+
+def _model_config(model: nn.Module) -> dict | None:
+    config = getattr(model, "config", None)
+    return asdict(config) if is_dataclass(config) else None
+
+
+@dataclass
+class History:
+    """What happened during training: losses at the logged and evaluated steps, and the speed."""
+
+    steps: list[int] = field(default_factory=list)
+    train_loss: list[float] = field(default_factory=list)
+    lr: list[float] = field(default_factory=list)
+    eval_steps: list[int] = field(default_factory=list)
+    val_loss: list[float] = field(default_factory=list)
+    train_seconds: float = 0.0
+    items: int = 0  # e.g. tokens processed, if the batch says (see Trainer.count)
+
+    @property
+    def items_per_second(self) -> float:
+        return self.items / self.train_seconds if self.train_seconds else float("nan")
+
+
+class Trainer:
+    """Train ``model`` on batches drawn by ``train_batches(generator)``.
+
+    ``loss_fn(model, batch)`` returns the scalar loss (default: ``model(x, y)[1]``).
+    ``val_batches`` (optional) draws evaluation batches. ``count(batch)`` tells how many
+    items (e.g. tokens) a batch holds, for the speed report. The trainer owns the random
+    generator passed to the batch functions, so a checkpoint resumes the data stream too.
+
+    Defined in chapter 6, Encoder-decoder.
+    """
+
+    def __init__(self, model: nn.Module, config: TrainConfig, train_batches: BatchFn,
+                 val_batches: BatchFn | None = None, loss_fn: LossFn = default_loss,
+                 count: Callable[[Batch], int] | None = None, device: torch.device | str | None = None) -> None:
+        self.config, self.loss_fn, self.count = config, loss_fn, count
+        self.train_batches, self.val_batches = train_batches, val_batches
+        self.device = torch.device(device) if device is not None else get_device()
+        self.model = model.to(self.device)
+        self.optimizer = make_optimizer(model, config.lr, config.weight_decay, config.betas, self.device)
+        self.generator = torch.Generator().manual_seed(config.seed)
+        self.step = 0
+        self.history = History()
+        cuda = self.device.type == "cuda"
+        self.amp_dtype = (torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16) if cuda else None
+        self.scaler = torch.amp.GradScaler("cuda", enabled=cuda and config.amp and self.amp_dtype == torch.float16)
+        self._plot = None
+
+    def _autocast(self):
+        if self.amp_dtype is None or not self.config.amp:
+            return nullcontext()
+        return torch.autocast(device_type="cuda", dtype=self.amp_dtype)
+
+    @torch.no_grad()
+    def evaluate(self, steps: int | None = None) -> float:
+        """Mean loss over ``steps`` validation batches (training batches if there is no validation set)."""
+        batches = self.val_batches or self.train_batches
+        was_training = self.model.training
+        self.model.eval()
+        losses = []
+        for _ in range(steps or self.config.eval_steps):
+            with self._autocast():
+                losses.append(self.loss_fn(self.model, _to(batches(self.generator), self.device)).float())
+        self.model.train(was_training)
+        return torch.stack(losses).mean().item()
+
+    def fit(self, steps: int | None = None) -> History:
+        """Train until ``config.max_steps`` (or for ``steps`` more steps), evaluating on the way."""
+        from .widgets import in_book_build
+
+        cfg, h = self.config, self.history
+        end = cfg.max_steps if steps is None else min(cfg.max_steps, self.step + steps)
+        bar = None
+        if cfg.progress and not in_book_build():
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=end - self.step, desc="training", leave=False)
+        self.model.train()
+        running = torch.zeros((), device=self.device)
+        n_running = 0
+        while self.step < end:
+            if self.step % cfg.eval_interval == 0:
+                self._record_eval()
+            t0 = time.perf_counter()
+            lr = lr_at(self.step, cfg.lr, cfg.min_lr, cfg.warmup_steps, cfg.max_steps)
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            batch = _to(self.train_batches(self.generator), self.device)
+            with self._autocast():
+                loss = self.loss_fn(self.model, batch)
+            self.optimizer.zero_grad(set_to_none=True)
+            self.scaler.scale(loss).backward()
+            if cfg.grad_clip is not None:
+                self.scaler.unscale_(self.optimizer)
+                nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            running += loss.detach()
+            n_running += 1
+            self.step += 1
+            if self.count is not None:
+                h.items += self.count(batch)
+            if self.step % cfg.log_interval == 0 or self.step == end:
+                mean = (running / n_running).item()  # the only host sync, once per log interval
+                running.zero_()
+                n_running = 0
+                h.steps.append(self.step)
+                h.train_loss.append(mean)
+                h.lr.append(lr)
+                if bar is not None:
+                    bar.set_postfix(loss=f"{mean:.3f}")
+            h.train_seconds += time.perf_counter() - t0
+            if bar is not None:
+                bar.update(1)
+        if self.step == cfg.max_steps or self.step % cfg.eval_interval == 0:
+            self._record_eval()
+        if bar is not None:
+            bar.close()
+        return h
+
+    def _record_eval(self) -> None:
+        h = self.history
+        if h.eval_steps and h.eval_steps[-1] == self.step:
+            return
+        h.eval_steps.append(self.step)
+        h.val_loss.append(self.evaluate())
+        if self.config.live_plot:
+            self._update_plot()
+
+    def _update_plot(self) -> None:
+        import matplotlib.pyplot as plt
+        from IPython.display import display
+
+        fig = plot_history(self.history)
+        if self._plot is None:
+            self._plot = display(fig, display_id=True)
+        else:
+            self._plot.update(fig)
+        plt.close(fig)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "step": self.step,
+            "train_config": asdict(self.config),
+            "model_config": _model_config(self.model),
+            "generator": self.generator.get_state(),
+            "torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            "history": asdict(self.history),
+        }
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write a checkpoint atomically: to a temporary file first, then renamed over ``path``.
+
+        An interrupted save leaves the previous checkpoint intact.
+        """
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        torch.save(self.state_dict(), tmp)
+        os.replace(tmp, path)  # atomic on POSIX and Windows
+        return path
+
+    def load(self, path: str | os.PathLike) -> None:
+        """Resume from a checkpoint written by :meth:`save` (loaded with ``weights_only=True``)."""
+        state = torch.load(path, map_location=self.device, weights_only=True)
+        mine, theirs = _model_config(self.model), state.get("model_config")
+        if mine != theirs:
+            diff = sorted(k for k in set(mine or {}) | set(theirs or {})
+                          if (mine or {}).get(k) != (theirs or {}).get(k))
+            raise ValueError(f"checkpoint {path} is for a different model config; differing fields: {diff} "
+                             f"(checkpoint: {[ (theirs or {}).get(k) for k in diff]}, model: "
+                             f"{[(mine or {}).get(k) for k in diff]})")
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scaler.load_state_dict(state["scaler"])
+        self.step = state["step"]
+        self.generator.set_state(state["generator"])
+        torch.set_rng_state(state["torch_rng"].cpu())
+        if state["cuda_rng"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda_rng"]])
+        self.history = History(**state["history"])
+
+
+def plot_history(history: History, title: str = "Loss"):
+    """Training and validation loss against the step. Returns a matplotlib Figure."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    if history.steps:
+        ax.plot(history.steps, history.train_loss, label="train", alpha=0.8)
+    if history.eval_steps:
+        ax.plot(history.eval_steps, history.val_loss, "o-", label="validation")
+    ax.set(xlabel="step", ylabel="loss", title=title)
+    ax.legend()
+    fig.tight_layout()
+    return fig
