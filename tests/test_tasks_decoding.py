@@ -1,0 +1,88 @@
+import random
+
+import pytest
+import torch
+
+from transformer_lib import Seq2SeqTransformer
+from transformer_lib.decoding import beam_search, greedy_decode
+from transformer_lib.tasks import (ALPHABETS, BOS, EOS, PAD, CharTokenizer, Seq2SeqData, make_pairs,
+                                   random_date_pair, seq2seq_loss)
+from transformer_lib.training import TrainConfig, Trainer
+
+
+def test_tasks_are_what_they_say():
+    for src, tgt in make_pairs("reverse", 20):
+        assert tgt == src[::-1]
+    for src, tgt in make_pairs("sort", 20):
+        assert tgt == "".join(sorted(src))
+    rng = random.Random(1)
+    months = "january february march april may june july august september october november december".split()
+    for _ in range(200):
+        words, iso = random_date_pair(rng)
+        year, month, day = map(int, iso.split("-"))
+        assert str(year) in words and (months[month - 1] in words or months[month - 1][:3] in words)
+        assert 1 <= day <= 31
+
+
+def test_held_out_pairs_do_not_overlap_training():
+    train = make_pairs("dates", 500, seed=0)
+    test = make_pairs("dates", 200, seed=1, exclude={s for s, _ in train})
+    assert not {s for s, _ in train} & {s for s, _ in test}
+    with pytest.raises(ValueError, match="task must be one of"):
+        make_pairs("translate", 3)
+
+
+def test_tokenizer_and_batches():
+    tok = CharTokenizer(ALPHABETS["dates"])
+    assert tok.itos[:3] == ["<pad>", "<bos>", "<eos>"]
+    ids = tok.encode("may 5, 2001", bos=True, eos=True)
+    assert ids[0] == BOS and ids[-1] == EOS and tok.decode(ids) == "may 5, 2001"
+    with pytest.raises(ValueError, match="not in the vocabulary"):
+        tok.encode("May")
+    data = Seq2SeqData([("abc", "cba"), ("de", "ed")], CharTokenizer("abcde"))
+    src, tgt = data.batch(data.pairs)
+    assert src.shape == (2, 3) and src[1, 2] == PAD
+    assert tgt.shape == (2, 5) and tgt[0, 0] == BOS and tgt[0, 4] == EOS and tgt[1, 4] == PAD
+
+
+def small_model(vocab):
+    torch.manual_seed(0)
+    return Seq2SeqTransformer(vocab, vocab, d_model=32, n_heads=4, n_encoder_layers=1, n_decoder_layers=1,
+                              d_ff=64, dropout=0.0, max_len=32).eval()
+
+
+def test_greedy_with_cache_equals_without():
+    model = small_model(13)
+    src = torch.randint(3, 13, (4, 7))
+    torch.testing.assert_close(greedy_decode(model, src, 12), greedy_decode(model, src, 12, use_cache=False))
+
+
+@pytest.fixture(scope="module")
+def trained_reverser():
+    tok = CharTokenizer(ALPHABETS["reverse"])
+    data = Seq2SeqData(make_pairs("reverse", 2000, min_len=3, max_len=6), tok)
+    model = small_model(tok.vocab_size).train()
+    cfg = TrainConfig(max_steps=300, lr=5e-3, warmup_steps=20, eval_interval=300, progress=False)
+    Trainer(model, cfg, data.sampler(64), loss_fn=seq2seq_loss, device="cpu").fit()
+    return model.eval(), tok
+
+
+def test_trained_model_decodes_held_out_reversals(trained_reverser):
+    model, tok = trained_reverser
+    test = make_pairs("reverse", 100, seed=7, min_len=3, max_len=6)
+    src, _ = Seq2SeqData(test, tok).batch(test)
+    for decode in (lambda s: greedy_decode(model, s, 8), lambda s: beam_search(model, s, 8, beam_size=3)):
+        out = decode(src)
+        assert out[:, 0].eq(BOS).all()
+        acc = sum(tok.decode(o[1:]) == t for o, (_, t) in zip(out, test)) / len(test)
+        assert acc > 0.9, acc
+
+
+def test_beam_of_one_without_length_penalty_is_greedy(trained_reverser):
+    model, tok = trained_reverser
+    test = make_pairs("reverse", 30, seed=3, min_len=3, max_len=6)
+    src, _ = Seq2SeqData(test, tok).batch(test)
+    greedy = greedy_decode(model, src, 8)
+    beam = beam_search(model, src, 8, beam_size=1, length_penalty=0.0)
+    for g, b in zip(greedy, beam):
+        assert tok.decode(g[1:]) == tok.decode(b[1:])
