@@ -91,3 +91,13 @@ def test_residual_gives_identity_gradient_path():
     torch.testing.assert_close(layer(x), x)
     g, = torch.autograd.grad(layer(x).sum(), x)
     torch.testing.assert_close(g, torch.ones_like(x))
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_layers_without_bias_equal_torch(norm_first):
+    theirs = randomize(nn.TransformerEncoderLayer(D, H, FF, dropout=0.0, batch_first=True, norm_first=norm_first,
+                                                  bias=False)).eval()
+    ours = copy_from_torch(EncoderLayer(D, H, FF, norm_first=norm_first, bias=False), theirs).eval()
+    assert ours.norm1.bias is None and ours.ff.linear1.bias is None
+    x = torch.randn(2, 5, D)
+    torch.testing.assert_close(ours(x), theirs(x))

@@ -86,8 +86,8 @@ class EncoderLayer(nn.Module):
         self.norm_first = norm_first
         self.self_attn = MultiHeadAttention(d_model, n_heads, dropout=dropout, bias=bias, rotary=rotary)
         self.ff = FeedForward(d_model, d_ff, activation=activation, dropout=dropout, bias=bias)
-        self.norm1 = make_norm(norm, d_model, eps)
-        self.norm2 = make_norm(norm, d_model, eps)
+        self.norm1 = make_norm(norm, d_model, eps, bias)
+        self.norm2 = make_norm(norm, d_model, eps, bias)
         self.dropout1 = nn.Dropout(dropout)
         self.dropout2 = nn.Dropout(dropout)
 
@@ -139,9 +139,9 @@ class DecoderLayer(nn.Module):
         self.self_attn = MultiHeadAttention(d_model, n_heads, dropout=dropout, bias=bias)
         self.cross_attn = MultiHeadAttention(d_model, n_heads, dropout=dropout, bias=bias)
         self.ff = FeedForward(d_model, d_ff, activation=activation, dropout=dropout, bias=bias)
-        self.norm1 = make_norm(norm, d_model, eps)
-        self.norm2 = make_norm(norm, d_model, eps)
-        self.norm3 = make_norm(norm, d_model, eps)
+        self.norm1 = make_norm(norm, d_model, eps, bias)
+        self.norm2 = make_norm(norm, d_model, eps, bias)
+        self.norm3 = make_norm(norm, d_model, eps, bias)
         self.dropout1 = nn.Dropout(dropout)
         self.dropout2 = nn.Dropout(dropout)
         self.dropout3 = nn.Dropout(dropout)

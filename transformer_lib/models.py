@@ -201,13 +201,16 @@ class GPT(nn.Module):
         self.config = c = config
         self.tok_emb = nn.Embedding(c.vocab_size, c.d_model)
         self.pos = _absolute_positions(c.positional, c.d_model, c.block_size)
+        # The fixed sinusoids have entries of size ~1 while the embeddings start at std 0.02: as in Vaswani et al.
+        # (section 3.4), scale the token embeddings by sqrt(d_model) so that the positions do not drown them.
+        self.emb_scale = math.sqrt(c.d_model) if c.positional == "sinusoidal" else 1.0
         self.dropout = nn.Dropout(c.dropout)
         d_head = c.d_model // c.n_head
         self.blocks = nn.ModuleList(
             DecoderOnlyLayer(c.d_model, c.n_head, c.d_ff, c.dropout, c.activation, c.norm_first, c.norm, bias=c.bias,
                              rotary=RotaryEmbedding(d_head, c.block_size) if c.positional == "rope" else None)
             for _ in range(c.n_layer))
-        self.norm_f = make_norm(c.norm, c.d_model) if c.norm_first else nn.Identity()
+        self.norm_f = make_norm(c.norm, c.d_model, bias=c.bias) if c.norm_first else nn.Identity()
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         self.apply(self._init_weights)
         for block in self.blocks:  # GPT-2: scale the projections that write into the residual stream
@@ -232,7 +235,7 @@ class GPT(nn.Module):
             check_token_ids("idx", idx, self.config.vocab_size, self.config.block_size - offset)
         elif idx.dim() != 2 or idx.shape[1] > self.config.block_size:
             raise ValueError(f"idx must be (B, T) with T <= block_size={self.config.block_size}, got {tuple(idx.shape)}")
-        x = self.tok_emb(idx)  # (B, T, d_model)
+        x = self.tok_emb(idx) * self.emb_scale  # (B, T, d_model)
         if self.pos is not None:
             x = self.pos(x, offset=offset)
         x = self.dropout(x)

@@ -62,10 +62,10 @@ class RMSNorm(nn.Module):
         return f"{self.d}, eps={self.eps}"
 
 
-def make_norm(kind: str, d: int, eps: float | None = None) -> nn.Module:
-    """Build a norm by name: ``"layernorm"`` or ``"rmsnorm"``."""
+def make_norm(kind: str, d: int, eps: float | None = None, bias: bool = True) -> nn.Module:
+    """Build a norm by name: ``"layernorm"`` (with or without ``bias``) or ``"rmsnorm"`` (never a bias)."""
     if kind == "layernorm":
-        return LayerNorm(d, eps=1e-5 if eps is None else eps)
+        return LayerNorm(d, eps=1e-5 if eps is None else eps, bias=bias)
     if kind == "rmsnorm":
         return RMSNorm(d, eps=1e-6 if eps is None else eps)
     raise ValueError(f"norm must be 'layernorm' or 'rmsnorm', got {kind!r}")
