@@ -139,3 +139,16 @@ def test_self_attention_without_positions_is_permutation_equivariant():
     x = torch.randn(1, 6, 16)
     perm = torch.randperm(6)
     torch.testing.assert_close(mha(x[:, perm]), mha(x)[:, perm])
+
+
+@pytest.mark.parametrize("norm_cls", [LayerNorm, RMSNorm])
+def test_fused_norms_equal_the_written_out_ones(norm_cls):
+    written, fused = norm_cls(16), norm_cls(16, fused=True)
+    with torch.no_grad():
+        written.weight.normal_()
+    fused.load_state_dict(written.state_dict())
+    x = (torch.randn(3, 4, 16) * 3 + 1).requires_grad_(True)
+    torch.testing.assert_close(fused(x), written(x))
+    g1, = torch.autograd.grad(written(x).square().sum(), x)
+    g2, = torch.autograd.grad(fused(x).square().sum(), x)
+    torch.testing.assert_close(g1, g2)

@@ -81,13 +81,13 @@ class EncoderLayer(nn.Module):
 
     def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float = 0.0, activation: str = "relu",
                  norm_first: bool = False, norm: str = "layernorm", eps: float | None = None, bias: bool = True,
-                 rotary: nn.Module | None = None) -> None:
+                 rotary: nn.Module | None = None, fused_norms: bool = False) -> None:
         super().__init__()
         self.norm_first = norm_first
         self.self_attn = MultiHeadAttention(d_model, n_heads, dropout=dropout, bias=bias, rotary=rotary)
         self.ff = FeedForward(d_model, d_ff, activation=activation, dropout=dropout, bias=bias)
-        self.norm1 = make_norm(norm, d_model, eps, bias)
-        self.norm2 = make_norm(norm, d_model, eps, bias)
+        self.norm1 = make_norm(norm, d_model, eps, bias, fused_norms)
+        self.norm2 = make_norm(norm, d_model, eps, bias, fused_norms)
         self.dropout1 = nn.Dropout(dropout)
         self.dropout2 = nn.Dropout(dropout)
 

@@ -166,6 +166,7 @@ class GPTConfig:
     bias: bool = True
     norm_first: bool = True
     tie_weights: bool = True
+    fused_norms: bool = True  # the norms' fused PyTorch kernels (same numbers as the written-out ones, faster)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "d_model"):
@@ -208,9 +209,10 @@ class GPT(nn.Module):
         d_head = c.d_model // c.n_head
         self.blocks = nn.ModuleList(
             DecoderOnlyLayer(c.d_model, c.n_head, c.d_ff, c.dropout, c.activation, c.norm_first, c.norm, bias=c.bias,
-                             rotary=RotaryEmbedding(d_head, c.block_size) if c.positional == "rope" else None)
+                             rotary=RotaryEmbedding(d_head, c.block_size) if c.positional == "rope" else None,
+                             fused_norms=c.fused_norms)
             for _ in range(c.n_layer))
-        self.norm_f = make_norm(c.norm, c.d_model, bias=c.bias) if c.norm_first else nn.Identity()
+        self.norm_f = make_norm(c.norm, c.d_model, bias=c.bias, fused=c.fused_norms) if c.norm_first else nn.Identity()
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         self.apply(self._init_weights)
         for block in self.blocks:  # GPT-2: scale the projections that write into the residual stream
