@@ -80,4 +80,4 @@ def random_blocks(data: Tensor, batch_size: int, block_size: int,
     starts = torch.randint(len(data) - block_size, (batch_size,), generator=generator)
     offsets = torch.arange(block_size + 1)
     windows = data[starts[:, None] + offsets]  # (batch_size, block_size + 1)
-    return windows[:, :-1], windows[:, 1:]
+    return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()

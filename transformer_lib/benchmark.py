@@ -1,15 +1,20 @@
-"""A minimal GPT in the style of nanoGPT's ``model.py``, the speed reference for ``compare_gpt.py``.
+"""Training speed against a well-known minimal GPT, measured side by side (chapter 7).
 
-Same architecture as nanoGPT's GPT (Pre-LN blocks with one fused ``c_attn`` projection,
-``F.scaled_dot_product_attention(is_causal=True)``, exact GELU MLP, learned positions, tied
-output head, ``bias`` on or off for linears and norms), written here from its description so
-the comparison runs in one process on the same data with the same recipe. It is not part of
-the library.
+:class:`ReferenceGPT` has the architecture of nanoGPT's ``model.py`` (Pre-LN blocks with one
+fused ``c_attn`` projection, ``F.scaled_dot_product_attention(is_causal=True)``, exact-GELU
+MLP, learned positions, tied output head, ``bias`` on or off for linears and norms), written
+here from its description, and is trained with nanoGPT's recipe: AdamW with decay on
+matrices, fp32 on the CPU, gradient clipping, the loss read back every step.
+:func:`compare_training_speed` alternates training steps of it and of the library's
+:class:`~transformer_lib.models.GPT` on the same batches, so both see the same machine load.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
+import time
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -78,3 +83,43 @@ class ReferenceGPT(nn.Module):
         logits = self.lm_head(self.ln_f(x))
         loss = None if targets is None else F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
         return logits, loss
+
+
+def _step_fn(model: nn.Module, optimizer: torch.optim.Optimizer) -> Callable[[torch.Tensor, torch.Tensor], float]:
+    def step(x: torch.Tensor, y: torch.Tensor) -> float:
+        _, loss = model(x, y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        return loss.item()
+    return step
+
+
+def reference_optimizer(model: nn.Module, lr: float = 1e-3, weight_decay: float = 0.1) -> torch.optim.AdamW:
+    """nanoGPT's optimizer on the CPU: AdamW, decay on parameters with 2+ dimensions, not fused."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.99))
+
+
+def compare_training_speed(ours: nn.Module, ours_optimizer: torch.optim.Optimizer, reference: nn.Module,
+                           batches: Callable[[], tuple[torch.Tensor, torch.Tensor]], steps: int = 50,
+                           warmup: int = 5) -> dict[str, float]:
+    """Median seconds per training step of each model, alternating steps on the same batches.
+
+    Returns ``{"ours": s, "reference": s, "speedup": reference / ours}``.
+    """
+    runs = {"ours": _step_fn(ours, ours_optimizer), "reference": _step_fn(reference, reference_optimizer(reference))}
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for i in range(warmup + steps):
+        x, y = batches()
+        for name, step in runs.items():
+            t0 = time.perf_counter()
+            step(x, y)
+            if i >= warmup:
+                times[name].append(time.perf_counter() - t0)
+    result = {name: statistics.median(t) for name, t in times.items()}
+    result["speedup"] = result["reference"] / result["ours"]
+    return result
