@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from transformer_lib import (GPT, EncoderLayer, GPTConfig, LayerNorm, MultiHeadAttention, Seq2SeqTransformer,
-                             causal_mask, combine_masks, padding_mask, scaled_dot_product_attention)
+                             causal_mask, combine_masks, padding_mask, prefix_lm_mask, scaled_dot_product_attention)
 
 
 def test_d_model_not_divisible_by_n_heads():
@@ -44,6 +44,18 @@ def test_mask_that_cannot_broadcast():
         combine_masks(causal_mask(3), torch.ones(3, 3))
     with pytest.raises(ValueError, match=r"\(B, T\)"):
         padding_mask(torch.zeros(5, dtype=torch.long), 0)
+
+
+def test_mask_shapes_and_prefixes_checked_where_they_enter():
+    # a mask that broadcasts with the scores but adds axes would silently add axes to the output
+    q = torch.randn(3, 4)
+    with pytest.raises(ValueError, match=r"mask of shape \(2, 3, 3\) cannot broadcast .* \(3, 3\)"):
+        scaled_dot_product_attention(q, q, q, mask=torch.ones(2, 3, 3, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"masks of shapes \(3, 3\) and \(2, 1, 1, 4\) cannot broadcast"):
+        combine_masks(causal_mask(3), padding_mask(torch.ones(2, 4, dtype=torch.long), 0))
+    with pytest.raises(ValueError, match=r"between 0 and T=4, got \[7, -1\]"):
+        prefix_lm_mask(4, torch.tensor([7, -1]))
+    assert prefix_lm_mask(4, torch.tensor([0, 4])).shape == (2, 1, 4, 4)  # the limits themselves are fine
 
 
 def test_wrong_rank_and_dtype():

@@ -74,6 +74,34 @@ def test_mask_checkers():
     assert "does not broadcast" in ex.check_padding_mask(lambda t, p: t != p).text
 
 
+def test_prefix_lm_mask_checker():
+    def good(T, p):
+        return torch.tril(torch.ones(T, T, dtype=torch.bool)) | (torch.arange(T) < p)[None, :]
+
+    def prefix_rows(T, p):  # the prefix queries see everything, targets included
+        return torch.tril(torch.ones(T, T, dtype=torch.bool)) | (torch.arange(T) < p)[:, None]
+
+    def off_by_one(T, p):
+        return torch.tril(torch.ones(T, T, dtype=torch.bool)) | (torch.arange(T) <= p)[None, :]
+
+    def and_not_or(T, p):
+        return torch.tril(torch.ones(T, T, dtype=torch.bool)) & (torch.arange(T) < p)[None, :]
+
+    def block_only(T, p):
+        in_prefix = torch.arange(T) < p
+        return in_prefix[:, None] & in_prefix[None, :]
+
+    assert ex.check_prefix_lm_mask(good).passed
+    for wrong, words in ((lambda T, p: ~good(T, p), "polarity is inverted"), (prefix_rows, "not as rows"),
+                         (off_by_one, "off by one"), (and_not_or, "OR (|), not AND"),
+                         (block_only, "still attend causally")):
+        result = ex.check_prefix_lm_mask(wrong)
+        assert not result.passed and words in result.text, result.text
+    assert "boolean" in ex.check_prefix_lm_mask(lambda T, p: good(T, p).float()).text
+    assert not ex.check_prefix_lm_mask(lambda T, p: None).passed  # a stub does not crash the checker
+    assert not ex.check_prefix_lm_mask(42).passed
+
+
 def test_split_heads_checker_catches_batch_mixing():
     def good(x, n_heads):
         B, T, d = x.shape
@@ -137,3 +165,181 @@ def test_layer_norm_checker():
     assert "inside the square root" in ex.check_layer_norm(eps_outside).text
     assert "two classic bugs" in ex.check_layer_norm(annotated_transformer).text
     assert "weight and bias" in ex.check_layer_norm(lambda x, w, b, eps=1e-5: good(x, 1, 0, eps)).text
+
+
+# ---------------------------------------------------------------- chapter 4: positional encoding
+
+def _sinusoidal(max_len, d_model, swap=False, concat=False, power=2, start=0, multiply=False, base=10000.0):
+    pos = torch.arange(start, start + max_len, dtype=torch.float32)[:, None]
+    i = torch.arange(d_model // 2, dtype=torch.float32)
+    scale = base ** (power * i / d_model)
+    angles = pos * scale if multiply else pos / scale
+    a, b = (angles.cos(), angles.sin()) if swap else (angles.sin(), angles.cos())
+    if concat:
+        return torch.cat([a, b], dim=-1)
+    pe = torch.zeros(max_len, d_model)
+    pe[:, 0::2], pe[:, 1::2] = a, b
+    return pe
+
+
+def test_sinusoidal_encoding_checker():
+    assert ex.check_sinusoidal_encoding(_sinusoidal).passed
+    for kw, words in ((dict(swap=True), "swapped"), (dict(concat=True), "interleaves"),
+                      (dict(power=1), "2i/d_model, with i the index"), (dict(power=4), "counts each pair twice"),
+                      (dict(multiply=True), "DIVIDED"), (dict(start=1), "start at 0"),
+                      (dict(base=1000.0), "not 1000")):
+        result = ex.check_sinusoidal_encoding(lambda n, d, kw=kw: _sinusoidal(n, d, **kw))
+        assert not result.passed and words in result.text, (kw, result.text)
+    assert not ex.check_sinusoidal_encoding(lambda n, d: None).passed  # a stub does not crash the checker
+    assert not ex.check_sinusoidal_encoding("not a function").passed
+
+
+def _rope(x, offset, sign=1.0, halves=False, concat=False, power=2, ignore_offset=False):
+    T, d = x.shape[-2:]
+    theta = 10000.0 ** (-power * torch.arange(d // 2) / d)  # (d/2,)
+    m = torch.arange(T) + (0 if ignore_offset else offset)
+    angle = m[:, None] * theta  # (T, d/2)
+    cos, sin = angle.cos(), sign * angle.sin()
+    x1, x2 = (x[..., : d // 2], x[..., d // 2:]) if halves else (x[..., 0::2], x[..., 1::2])
+    a, b = x1 * cos - x2 * sin, x1 * sin + x2 * cos
+    if halves or concat:
+        return torch.cat([a, b], dim=-1)
+    out = torch.empty_like(x)
+    out[..., 0::2], out[..., 1::2] = a, b
+    return out
+
+
+def test_rope_checker():
+    assert ex.check_rope(_rope).passed
+
+    def by_complex(x, offset):  # an independent right answer: multiply by e^{i m theta}
+        T, d = x.shape[-2:]
+        z = torch.view_as_complex(x.reshape(*x.shape[:-1], d // 2, 2).contiguous())
+        angle = torch.arange(offset, offset + T)[:, None] * 10000.0 ** (-torch.arange(0, d, 2) / d)
+        return torch.view_as_real(z * torch.polar(torch.ones_like(angle), angle)).flatten(-2)
+
+    assert ex.check_rope(by_complex).passed
+    for kw, words in ((dict(sign=-1.0), "-theta"), (dict(halves=True), "rotate_half"),
+                      (dict(concat=True), "wrong output layout"), (dict(power=1), "not 10000^(-i/d_head)"),
+                      (dict(ignore_offset=True), "offset is ignored")):
+        result = ex.check_rope(lambda x, o, kw=kw: _rope(x, o, **kw))
+        assert not result.passed and words in result.text, (kw, result.text)
+    assert ex.check_rope(lambda x, o: _rope(x, o, ignore_offset=True)).text.count("✅") == 3  # only offset=7 fails
+    assert not ex.check_rope(lambda x, o: None).passed
+    assert not ex.check_rope(None).passed
+
+
+def test_rms_norm_checker():
+    def good(x, w, eps=1e-6):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+    def centred(x, w, eps=1e-6):
+        return good(x - x.mean(-1, keepdim=True), w, eps)
+
+    def eps_outside(x, w, eps=1e-6):
+        return x / (x.pow(2).mean(-1, keepdim=True).sqrt() + eps) * w
+
+    def no_weight(x, w, eps=1e-6):
+        return good(x, 1.0, eps)
+
+    def std(x, w, eps=1e-6):
+        return x / torch.sqrt(x.var(-1, keepdim=True, unbiased=False) + eps) * w
+
+    def vector_norm(x, w, eps=1e-6):
+        return x / torch.sqrt(x.norm(dim=-1, keepdim=True) ** 2 + eps) * w
+
+    assert ex.check_rms_norm(good).passed
+    assert ex.check_rms_norm(lambda x, w, eps=1e-6: torch.nn.functional.rms_norm(x, (x.shape[-1],), w, eps)).passed
+    for wrong, words in ((centred, "you subtract the mean"), (eps_outside, "inside the square root"),
+                         (no_weight, "apply the learned weight"), (std, "standard deviation"),
+                         (vector_norm, "SUM of squares")):
+        result = ex.check_rms_norm(wrong)
+        assert not result.passed
+        assert words in result.text, (wrong.__name__, result.text)
+    assert not ex.check_rms_norm(lambda x, w, eps=1e-6: None).passed
+    assert not ex.check_rms_norm(42).passed
+
+
+def test_pre_ln_block_checker():
+    def good(x, sublayer, norm):
+        return x + sublayer(norm(x))
+
+    def post_ln(x, sublayer, norm):
+        return norm(x + sublayer(x))
+
+    def norm_in_place(x, sublayer, norm):  # the tutorial bug: x = norm(x); x = x + sublayer(x)
+        x = norm(x)
+        return x + sublayer(x)
+
+    def no_residual(x, sublayer, norm):
+        return sublayer(norm(x))
+
+    def norm_after(x, sublayer, norm):
+        return x + norm(sublayer(x))
+
+    before = torch.get_rng_state()
+    assert ex.check_pre_ln_block(good).passed
+    assert torch.equal(before, torch.get_rng_state())  # the checker leaves the reader's RNG alone
+    for wrong, words in ((post_ln, "this is Post-LN"), (norm_in_place, "normalize x in place"),
+                         (no_residual, "residual connection is missing"), (norm_after, "sublayer's output")):
+        result = ex.check_pre_ln_block(wrong)
+        assert not result.passed
+        assert words in result.text, (wrong.__name__, result.text)
+    assert not ex.check_pre_ln_block(lambda x, sublayer, norm: x[..., :1]).passed
+    assert not ex.check_pre_ln_block(None).passed
+
+
+def test_shift_right_checker():
+    assert ex.check_shift_right(lambda tgt: (tgt[:, :-1], tgt[:, 1:])).passed
+    for wrong, words in ((lambda t: (t, t), "no shift"),
+                         (lambda t: (t[:, 1:], t[:, :-1]), "the wrong way"),
+                         (lambda t: (torch.cat([torch.ones_like(t[:, :1]), t[:, :-1]], 1), t), "predict <bos>"),
+                         (lambda t: (t[:, :-1], t[:, :-1]), "the NEXT token"),
+                         (lambda t: (t[:, :-2], t[:, 1:-1]), "never learns when to stop"),
+                         (lambda t: (t[:, :-1].float(), t[:, 1:]), "integer tensor")):
+        result = ex.check_shift_right(wrong)
+        assert not result.passed and words in result.text, result.text
+
+
+def _decoder_by_hand(layer, x, memory, memory_mask, **bug):
+    return ex._decoder_variant(layer, x, memory, memory_mask, **bug)
+
+
+def test_decoder_layer_checker():
+    def good(layer, x, memory, memory_mask):
+        for f, norm in ((lambda h: layer.self_attn(h, h, h, mask=torch.ones(h.shape[1], h.shape[1]).tril().bool()),
+                         layer.norm1),
+                        (lambda h: layer.cross_attn(h, memory, memory, mask=memory_mask), layer.norm2),
+                        (layer.ff, layer.norm3)):
+            x = x + f(norm(x)) if layer.norm_first else norm(x + f(x))
+        return x
+
+    assert ex.check_decoder_layer(good).passed
+    for bug, words in ((dict(causal=False), "not causal"), (dict(self_on_memory=True), "reads the encoder output"),
+                       (dict(cross_on_x=True), "cross-attention attends to x"),
+                       (dict(use_memory_mask=False), "ignores memory_mask")):
+        result = ex.check_decoder_layer(lambda *a, bug=bug: _decoder_by_hand(*a, **bug))
+        assert not result.passed and words in result.text, (bug, result.text)
+    no_causal = ex.check_decoder_layer(lambda *a: _decoder_by_hand(*a, causal=False))
+    assert "❌ leak check" in no_causal.text
+    post_only = ex.check_decoder_layer(lambda *a: _decoder_by_hand(*a, norm_first=False))
+    assert not post_only.passed and "norm_first=True" in post_only.text
+    assert "1 of 4 checks failed" in post_only.text
+
+
+def test_label_smoothing_checker():
+    def good(t, V, eps):
+        return (1 - eps) * torch.nn.functional.one_hot(t, V).float() + eps / V
+
+    assert ex.check_label_smoothing(good).passed
+    one_hot = torch.nn.functional.one_hot
+    for wrong, words in ((lambda t, V, e: one_hot(t, V) + e / V, "sum to more than 1"),
+                         (lambda t, V, e: (1 - e) * one_hot(t, V), "sum to less than 1"),
+                         (lambda t, V, e: (1 - e) * one_hot(t, V) + e / (V - 1) * (1 - one_hot(t, V)), "all vocab_size"),
+                         (lambda t, V, e: e * one_hot(t, V) + (1 - e) / V, "swapped")):
+        result = ex.check_label_smoothing(wrong)
+        assert not result.passed and words in result.text, result.text
+    # PyTorch's own smoothed loss is the cross-entropy against this distribution
+    logits, t = torch.randn(4, 7), torch.tensor([0, 3, 6, 2])
+    manual = -(good(t, 7, 0.1) * logits.log_softmax(-1)).sum(-1).mean()
+    torch.testing.assert_close(manual, torch.nn.functional.cross_entropy(logits, t, label_smoothing=0.1))

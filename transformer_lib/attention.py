@@ -55,10 +55,12 @@ def scaled_dot_product_attention(
             got = mask.dtype if isinstance(mask, Tensor) else type(mask).__name__
             raise TypeError(f"mask must be a boolean tensor (True = may attend), got {got}")
         try:
-            torch.broadcast_shapes(mask.shape, scores.shape)
+            fits = torch.broadcast_shapes(mask.shape, scores.shape) == scores.shape  # no new axes in the output
         except RuntimeError:
+            fits = False
+        if not fits:
             raise ValueError(f"mask of shape {tuple(mask.shape)} cannot broadcast to the scores' shape "
-                             f"(..., T_q, T_k) = {tuple(scores.shape)}") from None
+                             f"(..., T_q, T_k) = {tuple(scores.shape)}")
         scores = scores.masked_fill(~mask, float("-inf"))
     weights = torch.softmax(scores, dim=-1)
     if mask is not None:
@@ -188,6 +190,8 @@ class MultiHeadAttention(nn.Module):
         check_mask(mask, B, self.n_heads, T_q, T_k)
 
         dropout_p = self.dropout if self.training else 0.0
+        if is_causal and T_q == 1:
+            is_causal = False  # one new query at the end of the sequence may see every key
         if is_causal:
             if T_q == T_k and mask is None and not need_weights:
                 out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)

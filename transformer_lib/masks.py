@@ -50,6 +50,8 @@ def prefix_lm_mask(T: int, prefix_len: int | Tensor, device: torch.device | str 
     if isinstance(prefix_len, Tensor):
         if prefix_len.dim() != 1:
             raise ValueError(f"prefix_len must be an int or a (B,) tensor, got shape {tuple(prefix_len.shape)}")
+        if prefix_len.numel() and not (0 <= int(prefix_len.min()) and int(prefix_len.max()) <= T):
+            raise ValueError(f"every prefix_len must be between 0 and T={T}, got {prefix_len.tolist()}")
         in_prefix = j[None, :] < prefix_len.to(j.device)[:, None]  # (B, T) key j is in the prefix
         return causal_mask(T, device=device)[None, None] | in_prefix[:, None, None, :]
     if not 0 <= prefix_len <= T:
@@ -69,6 +71,12 @@ def combine_masks(*masks: Tensor | None) -> Tensor | None:
         if not isinstance(m, Tensor) or m.dtype != torch.bool:
             got = m.dtype if isinstance(m, Tensor) else type(m).__name__
             raise TypeError(f"masks must be boolean tensors (True = may attend), got {got}")
+        if result is not None:
+            try:
+                torch.broadcast_shapes(result.shape, m.shape)
+            except RuntimeError:
+                raise ValueError(f"masks of shapes {tuple(result.shape)} and {tuple(m.shape)} cannot broadcast "
+                                 f"to a common shape") from None
         result = m if result is None else result & m
     return result
 

@@ -81,3 +81,23 @@ def random_blocks(data: Tensor, batch_size: int, block_size: int,
     offsets = torch.arange(block_size + 1)
     windows = data[starts[:, None] + offsets]  # (batch_size, block_size + 1)
     return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
+
+
+def train_bpe(text: str, vocab_size: int = 512):
+    """A byte-level BPE tokenizer (Hugging Face ``tokenizers``) trained on ``text``.
+
+    Starts from the 256 byte symbols and merges the most frequent adjacent pairs until the
+    vocabulary has ``vocab_size`` entries. ``tok.encode(s).ids`` / ``tok.decode(ids)``.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    if vocab_size < 257:
+        raise ValueError(f"a byte-level BPE needs vocab_size > 256 (the bytes), got {vocab_size}")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    lines = text.splitlines(keepends=True)
+    tok.train_from_iterator((("".join(lines[i:i + 200])) for i in range(0, len(lines), 200)), trainer)
+    return tok

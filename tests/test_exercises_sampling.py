@@ -1,0 +1,37 @@
+import torch
+
+from transformer_lib import exercises as ex
+
+
+def good_top_k(logits, k):
+    kth = logits.topk(min(k, logits.shape[-1]), dim=-1).values[..., -1:]
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def test_top_k_checker():
+    assert ex.check_top_k_filter(good_top_k).passed
+    assert "not 0" in ex.check_top_k_filter(lambda l, k: good_top_k(l, k).nan_to_num(neginf=0.0)).text
+    flipped = ex.check_top_k_filter(lambda l, k: l.masked_fill(~torch.isinf(good_top_k(l, k)), float("-inf")))
+    assert not flipped.passed
+    assert "min(k" in ex.check_top_k_filter(lambda l, k: l.masked_fill(l < l.topk(k, -1).values[..., -1:],
+                                                                          float("-inf"))).text
+
+
+def test_top_p_checker():
+    def good(logits, p):
+        s, order = logits.sort(-1, descending=True)
+        probs = s.softmax(-1)
+        drop = probs.cumsum(-1) - probs >= p
+        return logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+
+    def crosses(logits, p):
+        s, order = logits.sort(-1, descending=True)
+        drop = s.softmax(-1).cumsum(-1) > p
+        return logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+
+    assert ex.check_top_p_filter(good).passed
+    result = ex.check_top_p_filter(crosses)
+    assert not result.passed and "makes the total cross p" in result.text
+    unsorted = ex.check_top_p_filter(lambda l, p: l.masked_fill(l.softmax(-1).cumsum(-1) - l.softmax(-1) >= p,
+                                                                float("-inf")))
+    assert "sort the probabilities" in unsorted.text
