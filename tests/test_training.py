@@ -122,3 +122,18 @@ def test_bad_config():
     with pytest.raises(ValueError, match="max_steps"):
         TrainConfig(max_steps=0)
     assert math.isfinite(TrainConfig().lr)
+
+
+def test_callback_runs_after_every_evaluation_in_eval_mode():
+    seen = []
+
+    def record(tr):
+        seen.append((tr.step, tr.model.training, torch.is_grad_enabled(), tr.history.val_loss[-1]))
+
+    t = trainer(tiny_gpt(), steps=20)
+    t.fit(steps=10, callback=record)
+    t.fit(callback=record)  # resuming does not repeat the evaluation at step 10
+    assert [s for s, *_ in seen] == t.history.eval_steps == [0, 10, 20]
+    assert all(not training and not grad for _, training, grad, _ in seen)
+    assert [v for *_, v in seen] == t.history.val_loss
+    assert t.model.training  # back to training mode after the callback

@@ -764,7 +764,7 @@ def check_label_smoothing(smooth: Callable[[Tensor, int, float], Tensor]) -> Che
     c = _Checker(title)
     for targets, V, eps in ((torch.tensor([0, 3]), 5, 0.1), (torch.tensor([2, 2, 7, 11]), 12, 0.2),
                             (torch.tensor([1, 4]), 6, 0.0)):
-        one_hot = F.one_hot(targets, V).double()
+        one_hot = F.one_hot(targets, V).float()
         name = f"{len(targets)} targets, vocab_size={V}, eps={eps}" + (" (no smoothing: one-hot)" if eps == 0 else "")
         c.case(name, lambda t=targets, V=V, eps=eps: smooth(t.clone(), V, eps), (1 - eps) * one_hot + eps / V,
                bugs=(Bug(lambda o=one_hot, V=V, eps=eps: o + eps / V,
