@@ -56,6 +56,24 @@ def test_gpt_loss_and_weight_tying():
     assert count_parameters(untied) - count_parameters(model) == 23 * 16
 
 
+def test_gpt_sinusoidal_scales_token_embeddings_like_vaswani():
+    """Fixed sinusoids (entries ~1) must not drown embeddings initialized at std 0.02: x = emb * sqrt(d) + PE."""
+    from transformer_lib import sinusoidal_encoding
+
+    idx = torch.randint(0, 23, (2, 9))
+    for positional, scale in (("sinusoidal", 4.0), ("learned", 1.0), ("rope", 1.0), ("none", 1.0)):
+        model = small_gpt(positional=positional)
+        seen = []
+        model.blocks[0].register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+        model(idx)
+        expected = model.tok_emb(idx) * scale  # d_model = 16
+        if positional == "sinusoidal":
+            expected = expected + sinusoidal_encoding(9, 16)
+        elif positional == "learned":
+            expected = expected + model.pos.weight[:9]
+        torch.testing.assert_close(seen[0], expected)
+
+
 def test_gpt_learns_a_copy_pattern():
     torch.manual_seed(0)
     model = small_gpt(vocab_size=8, n_layer=2, d_model=32).train()
