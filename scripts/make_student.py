@@ -25,19 +25,32 @@ BANNER = ("**Student copy.** Solutions are removed: write your code in the cells
 
 
 def student_copy(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
-    """Return a copy of ``nb`` without solutions, with starter cells shown and outputs cleared."""
+    """Return a copy of ``nb`` without solutions, with starter cells shown and outputs cleared.
+
+    A solution may sit inside one markdown cell or span several cells between the
+    ``{solution-start}`` and ``{solution-end}`` markers; everything between them goes.
+    """
     out = nbformat.from_dict(nb)
-    cells = []
+    cells, inside = [], False
     for cell in out.cells:
         tags = cell.metadata.get("tags", [])
         if "solution" in tags:
             continue
         if cell.cell_type == "markdown":
-            text = SOLUTION_BLOCK.sub("", cell.source)
-            text = re.sub(r"```\{solution-(start|end)\}.*?```\s*", "", text, flags=re.S)  # gated markers alone
+            text = SOLUTION_BLOCK.sub("", cell.source)  # start ... end within this cell
+            if inside:  # a solution that began in an earlier cell
+                if "{solution-end}" not in text:
+                    continue
+                text = re.sub(r"^.*?```\{solution-end\}\s*```\s*", "", text, flags=re.S)
+                inside = False
+            if "{solution-start}" in text:  # a solution that continues into later cells
+                text = re.sub(r"```\{solution-start\}.*$", "", text, flags=re.S)
+                inside = True
             if not text.strip():
                 continue
             cell.source = text.rstrip()
+        elif inside:
+            continue
         if "student" in tags:
             cell.metadata["tags"] = [t for t in tags if t != "remove-cell"]
         if cell.cell_type == "code":

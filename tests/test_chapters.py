@@ -102,3 +102,18 @@ def test_make_student_writes_copies_that_run(tmp_path):
                    resources={"metadata": {"path": str(ROOT / "chapters")}}).execute()
     outputs = "\n".join(o.get("text", "") for c in code_cells(nb) for o in c.outputs)
     assert "checks failed" in outputs and "expected" in outputs
+
+
+def test_student_copy_drops_solutions_spanning_several_cells():
+    md, code = nbformat.v4.new_markdown_cell, nbformat.v4.new_code_cell
+    nb = nbformat.v4.new_notebook(cells=[
+        md("```{exercise} Q\n:label: ex-q\nAsk.\n```"),
+        md("```{solution-start} ex-q\n:class: dropdown\n```"),
+        md("The secret explanation."),
+        code("secret = 42"),
+        md("More secret text.\n```{solution-end}\n```\nAfter the solution."),
+        md("Inline: ```{solution-start} ex-r\n```\nhidden too\n```{solution-end}\n```\nvisible"),
+    ])
+    text = "\n".join(c.source for c in student_copy(nb).cells)
+    assert "Ask." in text and "After the solution." in text and "visible" in text
+    assert "secret" not in text and "hidden too" not in text and "solution-" not in text

@@ -230,10 +230,12 @@ class GPT(nn.Module):
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
-    def _hidden(self, idx: Tensor, caches: list[KVCache] | None = None,
-                need_weights: bool = False) -> tuple[Tensor, list[Tensor]]:
+    def _hidden(self, idx: Tensor, caches: list[KVCache] | None = None, need_weights: bool = False,
+                checked: bool = False) -> tuple[Tensor, list[Tensor]]:
         offset = 0 if caches is None else len(caches[0])
-        if not (self.training and idx.is_cuda):  # the range check syncs with the host: skip it in GPU training
+        if checked:  # ids the model generated itself: in range by construction
+            pass
+        elif not (self.training and idx.is_cuda):  # the range check syncs with the host: skip it in GPU training
             check_token_ids("idx", idx, self.config.vocab_size, self.config.block_size - offset)
         elif idx.dim() != 2 or idx.shape[1] > self.config.block_size:
             raise ValueError(f"idx must be (B, T) with T <= block_size={self.config.block_size}, got {tuple(idx.shape)}")
@@ -274,7 +276,7 @@ class GPT(nn.Module):
         """Attention weights of every block. Shapes: idx (B, T) -> n_layer x (B, n_head, T, T)."""
         return self._hidden(idx, need_weights=True)[1]
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def generate(self, idx: Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
                  top_p: float | None = None, use_cache: bool = True, generator: torch.Generator | None = None,
                  return_logits: bool = False) -> Tensor | tuple[Tensor, Tensor]:
@@ -292,13 +294,13 @@ class GPT(nn.Module):
         caches, all_logits = None, []
         for _ in range(max_new_tokens):
             if not use_cache:
-                logits, _ = self(idx[:, -block_size:])
+                h, _ = self._hidden(idx[:, -block_size:], checked=True)
             elif caches is None or len(caches[0]) + 1 > block_size:
                 caches = self.new_caches()  # (re)fill the cache with the visible window
-                logits, _ = self(idx[:, -block_size:], caches=caches)
+                h, _ = self._hidden(idx[:, -block_size:], caches, checked=True)
             else:
-                logits, _ = self(idx[:, -1:], caches=caches)
-            logits = logits[:, -1, :]  # (B, vocab_size)
+                h, _ = self._hidden(idx[:, -1:], caches, checked=True)
+            logits = self.lm_head(h[:, -1, :])  # (B, vocab_size): only the last position is needed
             all_logits.append(logits)
             next_id = sample_next_token(logits, temperature, top_k, top_p, generator)  # (B,)
             idx = torch.cat([idx, next_id[:, None]], dim=1)
