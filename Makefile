@@ -10,7 +10,7 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-QUIET_PIP := grep -v "is ignored: it is neither a file nor a directory" || true
+QUIET_PIP := { grep -v "is ignored: it is neither a file nor a directory" || true; }
 
 .PHONY: setup book test test-lib browser student clean
 
