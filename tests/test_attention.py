@@ -148,3 +148,21 @@ def test_variance_of_dot_product_grows_with_dk():
         q, k = torch.randn(20000, d_k), torch.randn(20000, d_k)
         var = (q * k).sum(-1).var().item()
         assert math.isclose(var, d_k, rel_tol=0.1)
+
+
+def test_cpu_autocast_runs_attention_in_fp32(monkeypatch):
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(32, 4)
+    x = torch.randn(2, 10, 32)
+    expected = mha(x, is_causal=True)
+    dtypes = []
+    real = F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention",
+                        lambda q, k, v, **kw: dtypes.append(q.dtype) or real(q, k, v, **kw))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = mha(x, is_causal=True)
+        masked = mha(x, mask=torch.ones(10, 10, dtype=torch.bool).tril())
+    assert dtypes == [torch.float32, torch.float32]  # the projections were bf16, the attention core fp32
+    assert out.dtype == masked.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(masked.float(), expected, atol=2e-2, rtol=2e-2)

@@ -6,7 +6,8 @@ import torch
 
 from transformer_lib import GPT, GPTConfig
 from transformer_lib.text import random_blocks
-from transformer_lib.training import TrainConfig, Trainer, lr_at, make_optimizer, plot_history
+from transformer_lib import training
+from transformer_lib.training import TrainConfig, Trainer, autocast_dtype, lr_at, make_optimizer, plot_history
 
 DATA = torch.arange(400) % 7  # a periodic "text": easy to learn
 
@@ -137,3 +138,29 @@ def test_callback_runs_after_every_evaluation_in_eval_mode():
     assert all(not training and not grad for _, training, grad, _ in seen)
     assert [v for *_, v in seen] == t.history.val_loss
     assert t.model.training  # back to training mode after the callback
+
+
+def test_autocast_dtype_follows_the_hardware(monkeypatch):
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    assert autocast_dtype(torch.device("cpu")) is None  # emulated bf16 would be slower than fp32
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
+    assert autocast_dtype(torch.device("cpu")) == torch.bfloat16
+    assert autocast_dtype(torch.device("mps")) is None
+
+
+def test_cpu_mixed_precision_multiplies_in_bf16_and_learns_like_fp32(monkeypatch):
+    monkeypatch.setattr(training, "autocast_dtype", lambda device: torch.bfloat16)  # also on CPUs without it
+    model = tiny_gpt()
+    seen = []
+    model.blocks[0].ff.linear1.register_forward_hook(lambda module, inputs, out: seen.append(out.dtype))
+    mixed = trainer(model, steps=60)
+    assert mixed.amp_dtype == torch.bfloat16
+    h = mixed.fit()
+    assert seen[0] == torch.bfloat16  # the MLP multiplied in bf16 ...
+    assert all(p.dtype == torch.float32 for p in model.parameters())  # ... while the weights stay fp32
+    full = trainer(tiny_gpt(), steps=60, amp=False)
+    assert full.amp_dtype is None
+    h32 = full.fit()
+    assert h.val_loss[-1] < h.val_loss[0] - 0.5
+    assert abs(h.val_loss[-1] - h32.val_loss[-1]) < 0.1, (h.val_loss, h32.val_loss)

@@ -90,6 +90,19 @@ class KVCache:
         return 0 if self.k is None else self.k.shape[-2]
 
 
+def _fused_attention(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> Tensor:
+    """``F.scaled_dot_product_attention``, in fp32 when bf16 inputs are on the CPU.
+
+    PyTorch's CPU attention kernels are slower in bf16 than in fp32 (the backward about 4x
+    at chapter 7's sizes), and attention is a small share of the matrix work, so under
+    CPU autocast the attention itself runs in fp32 and only the projections in bf16.
+    """
+    if q.device.type == "cpu" and q.dtype == torch.bfloat16:
+        with torch.autocast("cpu", enabled=False):
+            return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), **kwargs).to(q.dtype)
+    return F.scaled_dot_product_attention(q, k, v, **kwargs)
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention with separate q/k/v projections and an output projection.
 
@@ -194,7 +207,7 @@ class MultiHeadAttention(nn.Module):
             is_causal = False  # one new query at the end of the sequence may see every key
         if is_causal:
             if T_q == T_k and mask is None and not need_weights:
-                out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+                out = _fused_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
                 return self.out_proj(self.merge_heads(out))
             causal = causal_mask(T_q, T_k, device=q.device)
             mask = causal if mask is None else mask & causal
@@ -202,7 +215,7 @@ class MultiHeadAttention(nn.Module):
         if need_weights:
             out, weights = scaled_dot_product_attention(q, k, v, mask=mask, dropout_p=dropout_p)
             return self.out_proj(self.merge_heads(out)), weights
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+        out = _fused_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
         if mask is not None:
             # Fused kernels differ on fully masked rows (NaN or mean of v); make them zeros like the explicit path.
             out = out.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)

@@ -3,10 +3,12 @@
 :class:`ReferenceGPT` has the architecture of nanoGPT's ``model.py`` (Pre-LN blocks with one
 fused ``c_attn`` projection, ``F.scaled_dot_product_attention(is_causal=True)``, exact-GELU
 MLP, learned positions, tied output head, ``bias`` on or off for linears and norms), written
-here from its description, and is trained with nanoGPT's recipe: AdamW with decay on
-matrices, fp32 on the CPU, gradient clipping, the loss read back every step.
-:func:`compare_training_speed` alternates training steps of it and of the library's
-:class:`~transformer_lib.models.GPT` on the same batches, so both see the same machine load.
+here from its description, and is trained with nanoGPT's ``train.py`` loop: AdamW with decay
+on matrices (fused on CUDA only), fp32 on the CPU and autocast on CUDA, gradient clipping, the
+loss read back every step. :func:`train_side_by_side` trains it and the library's model (through
+:class:`~transformer_lib.training.Trainer`) with the same schedule, alternating step by step on
+the same batches so that both see the same machine load, then evaluates both on the same
+validation batches.
 """
 
 from __future__ import annotations
@@ -14,11 +16,15 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch import nn
+from torch import Tensor, nn
+
+from .training import Trainer, autocast_dtype, lr_at
 
 
 class Norm(nn.Module):
@@ -75,6 +81,27 @@ class ReferenceGPT(nn.Module):
             for p in (block.attn.c_proj.weight, block.mlp[2].weight):
                 nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * n_layer))
 
+    @torch.no_grad()
+    def copy_from(self, gpt: nn.Module) -> ReferenceGPT:
+        """Take the weights of a library :class:`~transformer_lib.models.GPT` of the same shape (``bias=False``,
+        learned positions), so that both models start from the same point. ``c_attn`` is q, k, v stacked."""
+        c = gpt.config
+        if (c.bias or c.positional != "learned" or c.n_layer != len(self.blocks)
+                or tuple(gpt.tok_emb.weight.shape) != tuple(self.wte.weight.shape)):
+            raise ValueError(f"need a GPT with bias=False, learned positions and this shape; got {c}")
+        self.wte.weight.copy_(gpt.tok_emb.weight)
+        self.wpe.weight.copy_(gpt.pos.weight)
+        for mine, theirs in zip(self.blocks, gpt.blocks):
+            a = theirs.self_attn
+            mine.attn.c_attn.weight.copy_(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]))
+            mine.attn.c_proj.weight.copy_(a.out_proj.weight)
+            mine.ln_1.weight.copy_(theirs.norm1.weight)
+            mine.ln_2.weight.copy_(theirs.norm2.weight)
+            mine.mlp[0].weight.copy_(theirs.ff.linear1.weight)
+            mine.mlp[2].weight.copy_(theirs.ff.linear2.weight)
+        self.ln_f.weight.copy_(gpt.norm_f.weight)
+        return self
+
     def forward(self, idx, targets=None):
         T = idx.shape[1]
         x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
@@ -85,41 +112,101 @@ class ReferenceGPT(nn.Module):
         return logits, loss
 
 
-def _step_fn(model: nn.Module, optimizer: torch.optim.Optimizer) -> Callable[[torch.Tensor, torch.Tensor], float]:
-    def step(x: torch.Tensor, y: torch.Tensor) -> float:
-        _, loss = model(x, y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        return loss.item()
-    return step
-
-
-def reference_optimizer(model: nn.Module, lr: float = 1e-3, weight_decay: float = 0.1) -> torch.optim.AdamW:
-    """nanoGPT's optimizer on the CPU: AdamW, decay on parameters with 2+ dimensions, not fused."""
+def reference_optimizer(model: nn.Module, lr: float = 1e-3, weight_decay: float = 0.1,
+                        betas: tuple[float, float] = (0.9, 0.99)) -> torch.optim.AdamW:
+    """nanoGPT's optimizer: AdamW, decay on parameters with 2+ dimensions, fused on CUDA only."""
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
+    fused = next(model.parameters()).device.type == "cuda"
     return torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
-                              {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.99))
+                              {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=betas, fused=fused)
 
 
-def compare_training_speed(ours: nn.Module, ours_optimizer: torch.optim.Optimizer, reference: nn.Module,
-                           batches: Callable[[], tuple[torch.Tensor, torch.Tensor]], steps: int = 50,
-                           warmup: int = 5) -> dict[str, float]:
-    """Median seconds per training step of each model, alternating steps on the same batches.
+@dataclass
+class SideBySide:
+    """Median seconds per training step and final validation loss of each model."""
 
-    Returns ``{"ours": s, "reference": s, "speedup": reference / ours}``.
+    ours_step: float
+    reference_step: float
+    ours_val_loss: float
+    reference_val_loss: float
+    steps: int
+    tokens_per_step: int
+
+    @property
+    def speedup(self) -> float:
+        return self.reference_step / self.ours_step
+
+    def tokens_per_second(self, which: str = "ours") -> float:
+        return self.tokens_per_step / (self.ours_step if which == "ours" else self.reference_step)
+
+
+@torch.no_grad()
+def mean_loss(model: nn.Module, batches: Sequence[tuple[Tensor, Tensor]]) -> float:
+    """Mean loss of ``model(x, y)[1]`` over ``batches``, in eval mode and fp32."""
+    was_training = model.training
+    model.eval()
+    loss = sum(model(x, y)[1].item() for x, y in batches) / len(batches)
+    model.train(was_training)
+    return loss
+
+
+def train_side_by_side(trainer: Trainer, reference: nn.Module, batches: Callable[[], tuple[Tensor, Tensor]],
+                       val_batches: Sequence[tuple[Tensor, Tensor]], steps: int | None = None,
+                       warmup: int = 5) -> SideBySide:
+    """Train ``trainer``'s model and ``reference`` with one recipe, alternating step by step.
+
+    Both take the trainer's learning-rate schedule, weight decay, betas and clipping, and
+    the same batch at every step (``batches()`` draws it, on the trainer's device). The
+    reference runs nanoGPT's loop: on the CPU in fp32 with a foreach AdamW, on CUDA under
+    autocast with a fused one, the loss read back every step. Which model steps first
+    alternates, and the first ``warmup`` steps are left out of the medians. At the end
+    both are evaluated on the same ``val_batches``.
     """
-    runs = {"ours": _step_fn(ours, ours_optimizer), "reference": _step_fn(reference, reference_optimizer(reference))}
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    for i in range(warmup + steps):
+    cfg, device = trainer.config, trainer.device
+    steps = cfg.max_steps - trainer.step if steps is None else steps
+    if steps <= warmup:
+        raise ValueError(f"steps must exceed warmup={warmup} to time anything, got {steps}")
+    reference.to(device).train()
+    trainer.model.train()
+    optimizer = reference_optimizer(reference, cfg.lr, cfg.weight_decay, cfg.betas)
+    amp = autocast_dtype(device) if device.type == "cuda" else None  # nanoGPT: fp32 on the CPU
+    ctx = torch.autocast("cuda", dtype=amp) if amp is not None else nullcontext()
+    scaler = torch.amp.GradScaler("cuda", enabled=amp == torch.float16)
+
+    def reference_step(x: Tensor, y: Tensor, step: int) -> None:
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, cfg.lr, cfg.min_lr, cfg.warmup_steps, cfg.max_steps)
+        with ctx:
+            _, loss = reference(x, y)
+        scaler.scale(loss).backward()
+        if cfg.grad_clip is not None:
+            scaler.unscale_(optimizer)
+            nn.utils.clip_grad_norm_(reference.parameters(), cfg.grad_clip)
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        loss.item()
+
+    def timed(fn: Callable[[], object]) -> float:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    times: dict[str, list[float]] = {"ours": [], "reference": []}
+    tokens = 0
+    for i in range(steps):
         x, y = batches()
-        for name, step in runs.items():
-            t0 = time.perf_counter()
-            step(x, y)
+        tokens = x.numel()
+        runs = {"ours": lambda: trainer.train_step((x, y)), "reference": lambda: reference_step(x, y, i)}
+        for name in (("ours", "reference") if i % 2 == 0 else ("reference", "ours")):
+            seconds = timed(runs[name])
             if i >= warmup:
-                times[name].append(time.perf_counter() - t0)
-    result = {name: statistics.median(t) for name, t in times.items()}
-    result["speedup"] = result["reference"] / result["ours"]
-    return result
+                times[name].append(seconds)
+    return SideBySide(ours_step=statistics.median(times["ours"]), reference_step=statistics.median(times["reference"]),
+                      ours_val_loss=mean_loss(trainer.model, val_batches),
+                      reference_val_loss=mean_loss(reference, val_batches), steps=steps, tokens_per_step=tokens)

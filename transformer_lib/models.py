@@ -264,7 +264,8 @@ class GPT(nn.Module):
             return logits, None
         if targets.shape != idx.shape:
             raise ValueError(f"targets must have the shape of idx {tuple(idx.shape)}, got {tuple(targets.shape)}")
-        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
+        # The loss in fp32 even under autocast (bf16 keeps only ~3 significant digits).
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
         return logits, loss
 
     def new_caches(self) -> list[KVCache]:

@@ -1,0 +1,70 @@
+"""The speed comparison compares like with like: the same model, the same recipe, the same batches."""
+
+import pytest
+import torch
+
+from transformer_lib import GPT, GPTConfig
+from transformer_lib.benchmark import ReferenceGPT, mean_loss, reference_optimizer, train_side_by_side
+from transformer_lib.text import random_blocks
+from transformer_lib.training import TrainConfig, Trainer
+
+DATA = torch.arange(600) % 11
+
+
+def pair(seed=0):
+    torch.manual_seed(seed)
+    ours = GPT(GPTConfig(vocab_size=11, block_size=16, n_layer=2, n_head=2, d_model=16, bias=False))
+    ref = ReferenceGPT(11, 16, 2, 2, 16, bias=False)
+    return ours, ref
+
+
+def test_reference_is_the_same_function_as_the_library_gpt():
+    ours, ref = pair()
+    ref.copy_from(ours)
+    x, y = random_blocks(DATA, 4, 16)
+    (lo, loss_o), (lr_, loss_r) = ours(x, y), ref(x, y)
+    torch.testing.assert_close(lo, lr_)
+    torch.testing.assert_close(loss_o, loss_r)
+    loss_o.backward()
+    loss_r.backward()
+    torch.testing.assert_close(ours.blocks[1].ff.linear1.weight.grad, ref.blocks[1].mlp[0].weight.grad)
+    torch.testing.assert_close(ours.tok_emb.weight.grad, ref.wte.weight.grad)  # tied head included
+
+
+def test_copy_from_rejects_a_different_gpt():
+    _, ref = pair()
+    torch.manual_seed(0)
+    with pytest.raises(ValueError, match="bias=False, learned positions"):
+        ref.copy_from(GPT(GPTConfig(vocab_size=11, block_size=16, n_layer=2, n_head=2, d_model=16, bias=False,
+                                    positional="rope")))
+
+
+def test_reference_optimizer_decays_matrices_only():
+    _, ref = pair()
+    decay, no_decay = reference_optimizer(ref).param_groups
+    assert decay["weight_decay"] == 0.1 and all(p.dim() == 2 for p in decay["params"])
+    assert no_decay["weight_decay"] == 0.0 and all(p.dim() == 1 for p in no_decay["params"])
+
+
+def test_side_by_side_trains_both_with_one_recipe():
+    ours, ref = pair()
+    cfg = TrainConfig(max_steps=40, lr=3e-3, min_lr=3e-4, warmup_steps=5, progress=False, amp=False)
+    trainer = Trainer(ours, cfg, lambda g: random_blocks(DATA, 8, 16, g), device="cpu")
+    g = torch.Generator().manual_seed(0)
+    val = [random_blocks(DATA, 8, 16, g) for _ in range(4)]
+    before = mean_loss(ref, val), mean_loss(ours, val)
+    result = train_side_by_side(trainer, ref, lambda: random_blocks(DATA, 8, 16, g), val)
+    assert trainer.step == result.steps == 40 and result.tokens_per_step == 8 * 16
+    assert result.ours_val_loss < before[1] - 0.7 and result.reference_val_loss < before[0] - 0.7
+    # same data, schedule and (fp32) precision: the two runs end close to each other
+    assert abs(result.ours_val_loss - result.reference_val_loss) < 0.3
+    assert result.ours_step > 0 and result.speedup == pytest.approx(result.reference_step / result.ours_step)
+    assert ref.training and ours.training
+
+
+def test_side_by_side_needs_steps_beyond_the_warmup():
+    ours, ref = pair()
+    trainer = Trainer(ours, TrainConfig(max_steps=3, progress=False), lambda g: random_blocks(DATA, 2, 16, g),
+                      device="cpu")
+    with pytest.raises(ValueError, match="steps must exceed warmup=5"):
+        train_side_by_side(trainer, ref, lambda: random_blocks(DATA, 2, 16), [random_blocks(DATA, 2, 16)])
