@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from transformer_lib import GPT, GPTConfig
-from transformer_lib.benchmark import ReferenceGPT, mean_loss, reference_optimizer, train_side_by_side
+from transformer_lib.benchmark import ReferenceGPT, mean_loss, op_time_shares, reference_optimizer, train_side_by_side
 from transformer_lib.text import random_blocks
 from transformer_lib.training import TrainConfig, Trainer
 
@@ -68,3 +68,13 @@ def test_side_by_side_needs_steps_beyond_the_warmup():
                       device="cpu")
     with pytest.raises(ValueError, match="steps must exceed warmup=5"):
         train_side_by_side(trainer, ref, lambda: random_blocks(DATA, 2, 16), [random_blocks(DATA, 2, 16)])
+
+
+def test_op_time_shares_finds_the_matmul_and_prints_nothing(capfd):
+    a, b = torch.randn(256, 256), torch.randn(256, 256)
+    shares = op_time_shares(lambda: (a @ b).relu())
+    assert shares[0][0] == "aten::mm"
+    assert sum(share for _, share in shares) == pytest.approx(1.0)
+    assert any(name == "aten::relu" or name == "aten::clamp_min" for name, _ in shares)
+    out, err = capfd.readouterr()
+    assert out == "" and err == ""  # the profiler's own start/stop lines are silenced

@@ -159,6 +159,10 @@ def test_cpu_mixed_precision_multiplies_in_bf16_and_learns_like_fp32(monkeypatch
     h = mixed.fit()
     assert seen[0] == torch.bfloat16  # the MLP multiplied in bf16 ...
     assert all(p.dtype == torch.float32 for p in model.parameters())  # ... while the weights stay fp32
+    x, _ = batches(torch.Generator().manual_seed(0))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits, _ = model(x)
+    assert logits.dtype == torch.float32  # and so do the logits: the output projection is not rounded
     full = trainer(tiny_gpt(), steps=60, amp=False)
     assert full.amp_dtype is None
     h32 = full.fit()

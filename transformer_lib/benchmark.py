@@ -14,10 +14,12 @@ validation batches.
 from __future__ import annotations
 
 import math
+import os
 import statistics
+import sys
 import time
-from collections.abc import Callable, Sequence
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -158,7 +160,7 @@ def train_side_by_side(trainer: Trainer, reference: nn.Module, batches: Callable
 
     Both take the trainer's learning-rate schedule, weight decay, betas and clipping, and
     the same batch at every step (``batches()`` draws it, on the trainer's device). The
-    reference runs nanoGPT's loop: on the CPU in fp32 with a foreach AdamW, on CUDA under
+    reference runs nanoGPT's loop: on the CPU in fp32 with the per-tensor AdamW, on CUDA under
     autocast with a fused one, the loss read back every step. Which model steps first
     alternates, and the first ``warmup`` steps are left out of the medians. At the end
     both are evaluated on the same ``val_batches``.
@@ -210,3 +212,34 @@ def train_side_by_side(trainer: Trainer, reference: nn.Module, batches: Callable
     return SideBySide(ours_step=statistics.median(times["ours"]), reference_step=statistics.median(times["reference"]),
                       ours_val_loss=mean_loss(trainer.model, val_batches),
                       reference_val_loss=mean_loss(reference, val_batches), steps=steps, tokens_per_step=tokens)
+
+
+@contextmanager
+def _native_stderr_silenced() -> Iterator[None]:
+    """Send file descriptor 2 to /dev/null: PyTorch's profiler logs its start and stop from C++ there."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def op_time_shares(fn: Callable[[], object], repeats: int = 5) -> list[tuple[str, float]]:
+    """Each PyTorch operator's share of the CPU time of ``fn()``, largest first.
+
+    ``fn`` runs once to warm up, then ``repeats`` times under ``torch.profiler``. Shares are
+    of self time (an operator's own time, without the operators it calls), so they add up to 1.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    with _native_stderr_silenced(), profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(repeats):
+            fn()
+    events = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in events)
+    return sorted(((e.key, e.self_cpu_time_total / total) for e in events), key=lambda kv: -kv[1])

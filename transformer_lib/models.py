@@ -24,6 +24,20 @@ from .sampling import sample_next_token
 POSITIONALS = ("learned", "sinusoidal", "rope", "none")
 
 
+def output_in_fp32(head: nn.Linear, h: Tensor) -> Tensor:
+    """``head(h)``, in fp32 even under autocast.
+
+    bf16 logits keep about 3 significant digits; rounding every logit adds noise that raises
+    the cross-entropy on average, so the output projection (small: d_model x vocab) stays fp32.
+
+    Shapes: h (..., d_model) -> logits (..., vocab_size).
+    """
+    if torch.is_autocast_enabled(h.device.type):
+        with torch.autocast(h.device.type, enabled=False):
+            return head(h.float())
+    return head(h)
+
+
 def _absolute_positions(kind: str, d_model: int, max_len: int) -> nn.Module | None:
     if kind == "learned":
         return LearnedPositionalEmbedding(d_model, max_len)
@@ -119,7 +133,7 @@ class Seq2SeqTransformer(nn.Module):
                 x, sw, cw = x
                 self_w.append(sw)
                 cross_w.append(cw)
-        logits = self.head(self.decoder_norm(x))
+        logits = output_in_fp32(self.head, self.decoder_norm(x))
         return (logits, (self_w, cross_w)) if need_weights else logits
 
     def new_caches(self) -> list[tuple[KVCache, KVCache]]:
@@ -259,13 +273,12 @@ class GPT(nn.Module):
         keys and values of earlier positions, so ``idx`` can be just the new tokens.
         """
         h, _ = self._hidden(idx, caches)
-        logits = self.lm_head(h)  # (B, T, vocab_size)
+        logits = output_in_fp32(self.lm_head, h)  # (B, T, vocab_size)
         if targets is None:
             return logits, None
         if targets.shape != idx.shape:
             raise ValueError(f"targets must have the shape of idx {tuple(idx.shape)}, got {tuple(targets.shape)}")
-        # The loss in fp32 even under autocast (bf16 keeps only ~3 significant digits).
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
+        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
         return logits, loss
 
     def new_caches(self) -> list[KVCache]:
@@ -301,7 +314,7 @@ class GPT(nn.Module):
                 h, _ = self._hidden(idx[:, -block_size:], caches, checked=True)
             else:
                 h, _ = self._hidden(idx[:, -1:], caches, checked=True)
-            logits = self.lm_head(h[:, -1, :])  # (B, vocab_size): only the last position is needed
+            logits = output_in_fp32(self.lm_head, h[:, -1, :])  # (B, vocab_size): only the last position is needed
             all_logits.append(logits)
             next_id = sample_next_token(logits, temperature, top_k, top_p, generator)  # (B,)
             idx = torch.cat([idx, next_id[:, None]], dim=1)

@@ -149,5 +149,5 @@ def seq2seq_loss(model, batch: tuple[Tensor, Tensor], label_smoothing: float = 0
     """Teacher-forced cross-entropy: feed ``tgt[:, :-1]``, predict ``tgt[:, 1:]``, ignore padding."""
     src, tgt = batch
     logits = model(src, tgt[:, :-1])  # (B, T, V)
-    return torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), tgt[:, 1:].flatten(), ignore_index=PAD,
+    return torch.nn.functional.cross_entropy(logits.flatten(0, 1), tgt[:, 1:].flatten(), ignore_index=PAD,
                                              label_smoothing=label_smoothing)
