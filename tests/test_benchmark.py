@@ -37,6 +37,8 @@ def test_copy_from_rejects_a_different_gpt():
     with pytest.raises(ValueError, match="bias=False, learned positions"):
         ref.copy_from(GPT(GPTConfig(vocab_size=11, block_size=16, n_layer=2, n_head=2, d_model=16, bias=False,
                                     positional="rope")))
+    with pytest.raises(ValueError, match=r"\(11, 16, 2, 2, 16\); got .*n_head=4"):
+        ref.copy_from(GPT(GPTConfig(vocab_size=11, block_size=16, n_layer=2, n_head=4, d_model=16, bias=False)))
 
 
 def test_reference_optimizer_decays_matrices_only():

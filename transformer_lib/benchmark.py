@@ -88,9 +88,12 @@ class ReferenceGPT(nn.Module):
         """Take the weights of a library :class:`~transformer_lib.models.GPT` of the same shape (``bias=False``,
         learned positions), so that both models start from the same point. ``c_attn`` is q, k, v stacked."""
         c = gpt.config
-        if (c.bias or c.positional != "learned" or c.n_layer != len(self.blocks)
-                or tuple(gpt.tok_emb.weight.shape) != tuple(self.wte.weight.shape)):
-            raise ValueError(f"need a GPT with bias=False, learned positions and this shape; got {c}")
+        mine = (self.wte.num_embeddings, self.wpe.num_embeddings, len(self.blocks), self.blocks[0].attn.n_head,
+                self.wte.embedding_dim)
+        theirs = (c.vocab_size, c.block_size, c.n_layer, c.n_head, c.d_model)
+        if c.bias or c.positional != "learned" or c.activation != "gelu" or c.norm != "layernorm" or mine != theirs:
+            raise ValueError(f"need a GPT with bias=False, learned positions, gelu, layernorm and (vocab_size, "
+                             f"block_size, n_layer, n_head, d_model) = {mine}; got {c}")
         self.wte.weight.copy_(gpt.tok_emb.weight)
         self.wpe.weight.copy_(gpt.pos.weight)
         for mine, theirs in zip(self.blocks, gpt.blocks):
@@ -140,6 +143,8 @@ class SideBySide:
         return self.reference_step / self.ours_step
 
     def tokens_per_second(self, which: str = "ours") -> float:
+        if which not in ("ours", "reference"):
+            raise ValueError(f"which must be 'ours' or 'reference', got {which!r}")
         return self.tokens_per_step / (self.ours_step if which == "ours" else self.reference_step)
 
 
@@ -242,4 +247,6 @@ def op_time_shares(fn: Callable[[], object], repeats: int = 5) -> list[tuple[str
             fn()
     events = prof.key_averages()
     total = sum(e.self_cpu_time_total for e in events)
+    if total == 0:
+        raise ValueError("fn ran no PyTorch operators to time")
     return sorted(((e.key, e.self_cpu_time_total / total) for e in events), key=lambda kv: -kv[1])
