@@ -1,5 +1,12 @@
 """The speed comparison compares like with like: the same model, the same recipe, the same batches."""
 
+import math
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -80,3 +87,46 @@ def test_op_time_shares_finds_the_matmul_and_prints_nothing(capfd):
     assert any(name == "aten::relu" or name == "aten::clamp_min" for name, _ in shares)
     out, err = capfd.readouterr()
     assert out == "" and err == ""  # the profiler's own start/stop lines are silenced
+
+
+SCRIPT_TEXT = "To be, or not to be, that is the question.\n" * 300
+
+
+def run_script(name: str, *args: str, tmp_path) -> str:
+    text = tmp_path / "text.txt"
+    text.write_text(SCRIPT_TEXT, encoding="utf-8")
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, str(root / "benchmarks" / name), "--text", str(text), "--device", "cpu",
+                          "--n-layer", "1", "--d-model", "32", "--block-size", "16", "--batch-size", "4",
+                          "--warmup", "2", *args], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip().splitlines()[-1]
+
+
+def test_train_gpt_script_prints_speed_and_loss_last(tmp_path):
+    last = run_script("train_gpt.py", "--iters", "20", "--eval-iters", "2", "--eval-interval", "10", tmp_path=tmp_path)
+    match = re.fullmatch(r"tokens_per_s=(\d+) val_loss=(\d+\.\d+)", last)
+    assert match, last
+    assert int(match[1]) > 0 and float(match[2]) < math.log(len(set(SCRIPT_TEXT)))  # below uniform guessing
+
+
+def test_compare_gpt_script_prints_speedup_and_both_losses_last(tmp_path):
+    last = run_script("compare_gpt.py", "--iters", "12", tmp_path=tmp_path)
+    match = re.fullmatch(r"speedup=(\d+\.\d+) ours_val_loss=(\d+\.\d+) reference_val_loss=(\d+\.\d+)", last)
+    assert match, last
+    assert float(match[1]) > 0 and abs(float(match[2]) - float(match[3])) < 0.5
+
+
+def test_best_time_warms_up_then_keeps_the_fastest_run():
+    from transformer_lib.utils import best_time
+
+    calls = []
+
+    def work():  # the first call (warm-up) is slow, the others fast
+        calls.append(1)
+        time.sleep(0.2 if len(calls) == 1 else 0.01)
+
+    seconds = best_time(work, repeats=3)
+    assert len(calls) == 4 and 0.01 <= seconds < 0.15
+    with pytest.raises(ValueError, match="repeats must be a positive int, got 0"):
+        best_time(work, repeats=0)

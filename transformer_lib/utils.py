@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import random
+import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -39,6 +41,22 @@ def set_seed(seed: int = 0) -> torch.Generator:
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
     return torch.Generator().manual_seed(seed)
+
+
+def best_time(fn: Callable[[], object], repeats: int = 5) -> float:
+    """Seconds taken by the fastest of ``repeats`` calls of ``fn()``, after one warm-up call.
+
+    The minimum, not the mean: other work on the machine only ever adds time.
+    """
+    if not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be a positive int, got {repeats!r}")
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
 
 
 def count_parameters(model: nn.Module, trainable_only: bool = True) -> int:
