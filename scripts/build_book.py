@@ -73,7 +73,7 @@ def main(argv: list[str]) -> int:
     print("build_book:", " ".join(cmd), flush=True)
     start = time.perf_counter()
     # The chapters' widgets precompute their views for the HTML page (transformer_lib.widgets).
-    env = {**os.environ, "TRANSFORMER_BOOK_BUILD": "1"}
+    env = {**os.environ, "TRANSFORMER_BOOK_BUILD": "1", "TQDM_DISABLE": "1"}  # no progress bars in pages
     rc = subprocess.call(cmd, cwd=ROOT, env=env)
     seconds = time.perf_counter() - start
     print(f"build_book: jupyter-book exited with {rc} after {seconds:.1f} s")

@@ -6,6 +6,8 @@ One module per idea: ``attention`` (chapters 1, 3), ``masks`` (2), ``positional`
 ``utils`` (device, seeds, parameter counts).
 """
 
+from importlib.metadata import PackageNotFoundError, version
+
 from .attention import KVCache, MultiHeadAttention, scaled_dot_product_attention
 from .layers import DecoderLayer, DecoderOnlyLayer, EncoderLayer, FeedForward
 from .masks import causal_mask, combine_masks, padding_mask, prefix_lm_mask
@@ -15,7 +17,10 @@ from .positional import (LearnedPositionalEmbedding, RotaryEmbedding, Sinusoidal
                          sinusoidal_encoding)
 from .utils import count_parameters, get_device, set_seed
 
-__version__ = "0.1.0"
+try:  # one version source: pyproject.toml, through the installed package's metadata
+    __version__ = version("transformer_lib")
+except PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "KVCache", "MultiHeadAttention", "scaled_dot_product_attention",

@@ -3,8 +3,8 @@
 A small, readable loop: AdamW with weight-decay groups, linear warm-up then cosine decay,
 gradient clipping, periodic evaluation, a fused optimizer, mixed precision where the hardware
 multiplies in it natively (see :func:`autocast_dtype`), atomic checkpoints that resume
-exactly, and a loss plot that updates live in a notebook. The loop never waits for the GPU
-except when it logs.
+exactly. The loop never waits for the GPU except when it logs. It knows nothing of notebooks:
+a live loss plot is a ``fit`` callback (:class:`transformer_lib.notebook.plots.LivePlot`).
 """
 
 from __future__ import annotations
@@ -44,8 +44,7 @@ class TrainConfig:
     log_interval: int = 10
     seed: int = 0
     amp: bool = True  # mixed precision where it is native: see autocast_dtype
-    progress: bool = True  # a tqdm bar (never in the book build)
-    live_plot: bool = False  # redraw the loss curves in the notebook at every evaluation
+    progress: bool = True  # a tqdm bar (the book build turns tqdm off with TQDM_DISABLE=1)
 
     def __post_init__(self) -> None:
         if self.max_steps < 1 or self.eval_interval < 1 or self.log_interval < 1:
@@ -155,7 +154,6 @@ class Trainer:
         self.history = History()
         self.amp_dtype = autocast_dtype(self.device) if config.amp else None
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp_dtype == torch.float16)
-        self._plot = None
 
     def _autocast(self):
         if self.amp_dtype is None:
@@ -181,12 +179,10 @@ class Trainer:
         ``callback(trainer)``, if given, runs after every evaluation (with the model in eval
         mode and gradients off), e.g. to record attention maps or update a live figure.
         """
-        from .widgets import in_book_build
-
         cfg, h = self.config, self.history
         end = cfg.max_steps if steps is None else min(cfg.max_steps, self.step + steps)
         bar = None
-        if cfg.progress and not in_book_build():
+        if cfg.progress:
             from tqdm.auto import tqdm
 
             bar = tqdm(total=end - self.step, desc="training", leave=False)
@@ -249,25 +245,12 @@ class Trainer:
             return
         h.eval_steps.append(self.step)
         h.val_loss.append(self.evaluate())
-        if self.config.live_plot:
-            self._update_plot()
         if callback is not None:
             was_training = self.model.training
             self.model.eval()
             with torch.no_grad():
                 callback(self)
             self.model.train(was_training)
-
-    def _update_plot(self) -> None:
-        import matplotlib.pyplot as plt
-        from IPython.display import display
-
-        fig = plot_history(self.history)
-        if self._plot is None:
-            self._plot = display(fig, display_id=True)
-        else:
-            self._plot.update(fig)
-        plt.close(fig)
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -316,18 +299,3 @@ class Trainer:
         if state["cuda_rng"] and torch.cuda.is_available():
             torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda_rng"]])
         self.history = History(**state["history"])
-
-
-def plot_history(history: History, title: str = "Loss"):
-    """Training and validation loss against the step. Returns a matplotlib Figure."""
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.2))
-    if history.steps:
-        ax.plot(history.steps, history.train_loss, label="train", alpha=0.8)
-    if history.eval_steps:
-        ax.plot(history.eval_steps, history.val_loss, "o-", label="validation")
-    ax.set(xlabel="step", ylabel="loss", title=title)
-    ax.legend()
-    fig.tight_layout()
-    return fig

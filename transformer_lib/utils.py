@@ -69,20 +69,3 @@ def count_parameters(model: nn.Module, trainable_only: bool = True) -> int:
         seen.add(id(p))
         total += p.numel()
     return total
-
-
-def describe_environment(seed: int | None = 0) -> torch.device:
-    """Print the versions and the device a chapter runs on, seed everything, and return the device.
-
-    Every chapter's first cell calls this.
-    """
-    import platform
-
-    from . import __version__
-
-    device = get_device()
-    print(f"Python {platform.python_version()} | torch {torch.__version__} | transformer_lib {__version__} "
-          f"| device: {device}" + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""))
-    if seed is not None:
-        set_seed(seed)
-    return device

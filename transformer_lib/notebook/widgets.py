@@ -14,19 +14,14 @@ from __future__ import annotations
 import base64
 import io
 import itertools
-import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-BOOK_ENV = "TRANSFORMER_BOOK_BUILD"
+from .environment import in_book_build
+
 MAX_FRAMES = 80
 PRECOMPUTED_NOTE = ("<small><i>Precomputed views: the controls switch between pictures drawn when the book was "
                     "built. Run this chapter in Jupyter or Colab to compute them live.</i></small>")
-
-
-def in_book_build() -> bool:
-    """True while ``make book`` executes the chapters."""
-    return os.environ.get(BOOK_ENV) == "1"
 
 
 def _control(name: str, values: Sequence[Any], value: Any):

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .training import Trainer, autocast_dtype, lr_at
+from ..training import Trainer, autocast_dtype, lr_at
 
 
 class Norm(nn.Module):

@@ -1,0 +1,11 @@
+"""The notebook layer: what the chapters use on top of the core library.
+
+Nothing in the core (``transformer_lib.*`` outside this package) imports from here.
+
+- ``environment``: ``describe_environment`` (every chapter's first cell), ``in_book_build``
+- ``exercises``: the exercise checkers, one module per chapter (``check_attention``, ...)
+- ``widgets``: ``explore``, one control and an immediate picture, also in the HTML book
+- ``viz``: bertviz ``head_view``/``model_view`` that render offline in the book
+- ``plots``: ``plot_attention_grid``, ``plot_history``, ``LivePlot`` (a ``Trainer`` callback)
+- ``benchmark``: the nanoGPT-style reference GPT and the side-by-side speed race (chapter 7)
+"""
