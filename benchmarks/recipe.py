@@ -45,8 +45,8 @@ def char_data(args: argparse.Namespace) -> tuple[CharTokenizer, Tensor, Tensor]:
 
 
 def recipe_gpt(args: argparse.Namespace, vocab_size: int, **overrides) -> GPT:
-    return GPT(GPTConfig(vocab_size=vocab_size, block_size=args.block_size, n_layer=args.n_layer,
-                         n_head=args.n_head, d_model=args.d_model, dropout=0.0, bias=False, **overrides))
+    return GPT(GPTConfig(vocab_size=vocab_size, block_size=args.block_size, n_layers=args.n_layer,
+                         n_heads=args.n_head, d_model=args.d_model, dropout=0.0, bias=False, **overrides))
 
 
 def recipe_config(args: argparse.Namespace, **overrides) -> TrainConfig:

@@ -20,7 +20,7 @@ DATA = torch.arange(600) % 11
 
 def pair(seed=0):
     torch.manual_seed(seed)
-    ours = GPT(GPTConfig(vocab_size=11, block_size=16, n_layer=2, n_head=2, d_model=16, bias=False))
+    ours = GPT(GPTConfig(vocab_size=11, block_size=16, n_layers=2, n_heads=2, d_model=16, bias=False))
     ref = ReferenceGPT(11, 16, 2, 2, 16, bias=False)
     return ours, ref
 
@@ -42,10 +42,10 @@ def test_copy_from_rejects_a_different_gpt():
     _, ref = pair()
     torch.manual_seed(0)
     with pytest.raises(ValueError, match="bias=False, learned positions"):
-        ref.copy_from(GPT(GPTConfig(vocab_size=11, block_size=16, n_layer=2, n_head=2, d_model=16, bias=False,
+        ref.copy_from(GPT(GPTConfig(vocab_size=11, block_size=16, n_layers=2, n_heads=2, d_model=16, bias=False,
                                     positional="rope")))
-    with pytest.raises(ValueError, match=r"\(11, 16, 2, 2, 16\); got .*n_head=4"):
-        ref.copy_from(GPT(GPTConfig(vocab_size=11, block_size=16, n_layer=2, n_head=4, d_model=16, bias=False)))
+    with pytest.raises(ValueError, match=r"\(11, 16, 2, 2, 16\); got .*n_heads=4"):
+        ref.copy_from(GPT(GPTConfig(vocab_size=11, block_size=16, n_layers=2, n_heads=4, d_model=16, bias=False)))
 
 
 def test_reference_optimizer_decays_matrices_only():

@@ -11,17 +11,17 @@ def test_d_model_not_divisible_by_n_heads():
     with pytest.raises(ValueError, match=r"d_model \(10\) must be divisible by n_heads \(3\)"):
         MultiHeadAttention(10, 3)
     with pytest.raises(ValueError, match="divisible"):
-        GPTConfig(vocab_size=5, block_size=8, n_head=3, d_model=10)
+        GPTConfig(vocab_size=5, block_size=8, n_heads=3, d_model=10)
 
 
 def test_sequence_longer_than_block_size():
-    model = GPT(GPTConfig(vocab_size=5, block_size=8, n_layer=1, n_head=1, d_model=8))
+    model = GPT(GPTConfig(vocab_size=5, block_size=8, n_layers=1, n_heads=1, d_model=8))
     with pytest.raises(ValueError, match="length 9, longer than the model's context of 8"):
         model(torch.zeros(1, 9, dtype=torch.long))
 
 
 def test_token_id_outside_vocabulary():
-    model = GPT(GPTConfig(vocab_size=5, block_size=8, n_layer=1, n_head=1, d_model=8))
+    model = GPT(GPTConfig(vocab_size=5, block_size=8, n_layers=1, n_heads=1, d_model=8))
     with pytest.raises(ValueError, match=r"token id 7, outside the vocabulary \[0, 5\)"):
         model(torch.tensor([[1, 2, 7]]))
     with pytest.raises(ValueError, match="token id -1"):
@@ -67,9 +67,9 @@ def test_wrong_rank_and_dtype():
     with pytest.raises(TypeError, match="floating-point"):
         mha(torch.ones(2, 5, 8, dtype=torch.long))
     with pytest.raises(TypeError, match="integer token ids"):
-        GPT(GPTConfig(vocab_size=5, block_size=8, n_layer=1, n_head=1, d_model=8))(torch.zeros(1, 3))
+        GPT(GPTConfig(vocab_size=5, block_size=8, n_layers=1, n_heads=1, d_model=8))(torch.zeros(1, 3))
     with pytest.raises(ValueError, match="rank 2"):
-        GPT(GPTConfig(vocab_size=5, block_size=8, n_layer=1, n_head=1, d_model=8))(torch.zeros(3, dtype=torch.long))
+        GPT(GPTConfig(vocab_size=5, block_size=8, n_layers=1, n_heads=1, d_model=8))(torch.zeros(3, dtype=torch.long))
     with pytest.raises(TypeError, match="must be a torch.Tensor, got list"):
         LayerNorm(4)([1.0, 2.0, 3.0, 4.0])
     with pytest.raises(ValueError, match="k and v must have the same length"):
@@ -81,5 +81,5 @@ def test_bad_config_names():
         EncoderLayer(8, 2, 16, activation="tanh")
     with pytest.raises(ValueError, match="positional must be one of"):
         GPTConfig(vocab_size=5, block_size=8, positional="alibi")
-    with pytest.raises(ValueError, match="norm must be 'layernorm' or 'rmsnorm'"):
+    with pytest.raises(ValueError, match=r"norm must be one of \('layernorm', 'rmsnorm'\)"):
         GPTConfig(vocab_size=5, block_size=8, norm="batchnorm")

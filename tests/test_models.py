@@ -12,7 +12,7 @@ VARIANTS = [dict(positional="learned", norm="layernorm", activation="gelu"),
 
 
 def small_gpt(**kw):
-    cfg = dict(vocab_size=23, block_size=32, n_layer=2, n_head=2, d_model=16)
+    cfg = dict(vocab_size=23, block_size=32, n_layers=2, n_heads=2, d_model=16)
     cfg.update(kw)
     return GPT(GPTConfig(**cfg)).eval()
 
@@ -76,7 +76,7 @@ def test_gpt_sinusoidal_scales_token_embeddings_like_vaswani():
 
 def test_gpt_learns_a_copy_pattern():
     torch.manual_seed(0)
-    model = small_gpt(vocab_size=8, n_layer=2, d_model=32).train()
+    model = small_gpt(vocab_size=8, n_layers=2, d_model=32).train()
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     for _ in range(150):
         half = torch.randint(0, 8, (16, 8))
@@ -92,7 +92,7 @@ def test_gpt_learns_a_copy_pattern():
 
 
 def test_gpt_attention_maps_are_causal_distributions():
-    model = small_gpt(n_layer=3)
+    model = small_gpt(n_layers=3)
     maps = model.attention_maps(torch.randint(0, 23, (2, 7)))
     assert len(maps) == 3 and maps[0].shape == (2, 2, 7, 7)
     for w in maps:

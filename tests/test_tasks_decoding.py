@@ -5,7 +5,7 @@ import torch
 
 from transformer_lib import Seq2SeqTransformer
 from transformer_lib.decoding import beam_search, greedy_decode
-from transformer_lib.tasks import (ALPHABETS, BOS, EOS, PAD, CharTokenizer, Seq2SeqData, make_pairs,
+from transformer_lib.tasks import (ALPHABETS, BOS, EOS, PAD, Seq2SeqTokenizer, Seq2SeqData, make_pairs,
                                    random_date_pair, seq2seq_loss)
 from transformer_lib.training import TrainConfig, Trainer
 
@@ -33,13 +33,13 @@ def test_held_out_pairs_do_not_overlap_training():
 
 
 def test_tokenizer_and_batches():
-    tok = CharTokenizer(ALPHABETS["dates"])
+    tok = Seq2SeqTokenizer(ALPHABETS["dates"])
     assert tok.itos[:3] == ["<pad>", "<bos>", "<eos>"]
     ids = tok.encode("may 5, 2001", bos=True, eos=True)
     assert ids[0] == BOS and ids[-1] == EOS and tok.decode(ids) == "may 5, 2001"
     with pytest.raises(ValueError, match="not in the vocabulary"):
         tok.encode("May")
-    data = Seq2SeqData([("abc", "cba"), ("de", "ed")], CharTokenizer("abcde"))
+    data = Seq2SeqData([("abc", "cba"), ("de", "ed")], Seq2SeqTokenizer("abcde"))
     src, tgt = data.batch(data.pairs)
     assert src.shape == (2, 3) and src[1, 2] == PAD
     assert tgt.shape == (2, 5) and tgt[0, 0] == BOS and tgt[0, 4] == EOS and tgt[1, 4] == PAD
@@ -54,12 +54,12 @@ def small_model(vocab):
 def test_greedy_with_cache_equals_without():
     model = small_model(13)
     src = torch.randint(3, 13, (4, 7))
-    torch.testing.assert_close(greedy_decode(model, src, 12), greedy_decode(model, src, 12, use_cache=False))
+    torch.testing.assert_close(greedy_decode(model, src, 12, bos_id=BOS, eos_id=EOS), greedy_decode(model, src, 12, bos_id=BOS, eos_id=EOS, use_cache=False))
 
 
 @pytest.fixture(scope="module")
 def trained_reverser():
-    tok = CharTokenizer(ALPHABETS["reverse"])
+    tok = Seq2SeqTokenizer(ALPHABETS["reverse"])
     data = Seq2SeqData(make_pairs("reverse", 2000, min_len=3, max_len=6), tok)
     model = small_model(tok.vocab_size).train()
     cfg = TrainConfig(max_steps=500, lr=5e-3, warmup_steps=20, eval_interval=500, progress=False)
@@ -71,7 +71,7 @@ def test_trained_model_decodes_held_out_reversals(trained_reverser):
     model, tok = trained_reverser
     test = make_pairs("reverse", 100, seed=7, min_len=3, max_len=6)
     src, _ = Seq2SeqData(test, tok).batch(test)
-    for decode in (lambda s: greedy_decode(model, s, 8), lambda s: beam_search(model, s, 8, beam_size=3)):
+    for decode in (lambda s: greedy_decode(model, s, 8, bos_id=BOS, eos_id=EOS), lambda s: beam_search(model, s, 8, bos_id=BOS, eos_id=EOS, beam_size=3)):
         out = decode(src)
         assert out[:, 0].eq(BOS).all()
         acc = sum(tok.decode(o[1:]) == t for o, (_, t) in zip(out, test)) / len(test)
@@ -82,7 +82,7 @@ def test_beam_of_one_without_length_penalty_is_greedy(trained_reverser):
     model, tok = trained_reverser
     test = make_pairs("reverse", 30, seed=3, min_len=3, max_len=6)
     src, _ = Seq2SeqData(test, tok).batch(test)
-    greedy = greedy_decode(model, src, 8)
-    beam = beam_search(model, src, 8, beam_size=1, length_penalty=0.0)
+    greedy = greedy_decode(model, src, 8, bos_id=BOS, eos_id=EOS)
+    beam = beam_search(model, src, 8, bos_id=BOS, eos_id=EOS, beam_size=1, length_penalty=0.0)
     for g, b in zip(greedy, beam):
         assert tok.decode(g[1:]) == tok.decode(b[1:])

@@ -1,14 +1,20 @@
-"""Input checks shared by the modules: clear errors instead of deep PyTorch shape errors."""
+"""Input validation shared by the core modules: a clear ``TypeError``/``ValueError`` that names
+what was expected and what was given, instead of a shape error from deep inside PyTorch.
+
+Every public entry point validates its inputs once, at the boundary; the internals trust them.
+"""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
+INTEGER_DTYPES = (torch.int64, torch.int32, torch.int16, torch.uint8)
 
-def check_tensor(name: str, x: object, ndim: int | tuple[int, ...] | None = None,
-                 floating: bool = False, last_dim: int | None = None) -> Tensor:
-    """Raise a ``TypeError``/``ValueError`` naming what was expected and what was given."""
+
+def _validate_tensor(name: str, x: object, ndim: int | tuple[int, ...] | None = None,
+                     floating: bool = False, last_dim: int | None = None) -> Tensor:
+    """Check that ``x`` is a tensor of the given rank, kind and last dimension; return it."""
     if not isinstance(x, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if ndim is not None:
@@ -23,10 +29,10 @@ def check_tensor(name: str, x: object, ndim: int | tuple[int, ...] | None = None
     return x
 
 
-def check_token_ids(name: str, idx: object, vocab_size: int, max_len: int | None = None) -> Tensor:
+def _validate_token_ids(name: str, idx: object, vocab_size: int, max_len: int | None = None) -> Tensor:
     """Token ids: an integer tensor (B, T) with 0 <= id < vocab_size and T <= max_len."""
-    idx = check_tensor(name, idx, ndim=2)
-    if idx.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
+    idx = _validate_tensor(name, idx, ndim=2)
+    if idx.dtype not in INTEGER_DTYPES:
         raise TypeError(f"{name} must hold integer token ids (torch.long), got dtype {idx.dtype}")
     if max_len is not None and idx.shape[1] > max_len:
         raise ValueError(f"{name} has length {idx.shape[1]}, longer than the model's context of {max_len} tokens")
@@ -36,3 +42,39 @@ def check_token_ids(name: str, idx: object, vocab_size: int, max_len: int | None
             bad = lo if lo < 0 else hi
             raise ValueError(f"{name} contains token id {bad}, outside the vocabulary [0, {vocab_size})")
     return idx
+
+
+def _validate_mask(mask: object, shape: tuple[int, ...] | torch.Size | None = None,
+                   names: str = "(B, n_heads, T_q, T_k)") -> Tensor | None:
+    """A boolean mask (True = may attend) that broadcasts to ``shape`` without adding axes; ``None`` passes.
+
+    ``names`` spells ``shape`` for the error message, e.g. "(B, n_heads, T_q, T_k)".
+    """
+    if mask is None:
+        return None
+    if not isinstance(mask, Tensor):
+        raise TypeError(f"mask must be a boolean torch.Tensor (True = may attend), got {type(mask).__name__}")
+    if mask.dtype != torch.bool:
+        raise TypeError(f"mask must be a boolean tensor of dtype torch.bool (True = may attend), got {mask.dtype}")
+    if shape is not None:
+        shape = tuple(shape)
+        try:
+            fits = mask.dim() <= len(shape) and torch.broadcast_shapes(mask.shape, shape) == shape
+        except RuntimeError:
+            fits = False
+        if not fits:
+            raise ValueError(f"mask of shape {tuple(mask.shape)} cannot broadcast to {names} = {shape}")
+    return mask
+
+
+def _validate_attention_mask(attention_mask: object, B: int, T: int) -> Tensor:
+    """A (B, T) padding mask, 1/True for real tokens and 0/False for padding; returned as bool."""
+    m = _validate_tensor("attention_mask", attention_mask, ndim=2)
+    if tuple(m.shape) != (B, T):
+        raise ValueError(f"attention_mask must have shape (B, T) = {(B, T)} (1 = token, 0 = padding), "
+                         f"got {tuple(m.shape)}")
+    if m.dtype != torch.bool:
+        if m.is_floating_point() or not ((m == 0) | (m == 1)).all():
+            raise ValueError("attention_mask must hold only 0 (padding) and 1 (token), or booleans")
+        m = m.bool()
+    return m

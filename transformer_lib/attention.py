@@ -15,8 +15,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._checks import check_tensor
-from .masks import causal_mask, check_mask
+from ._validate import _validate_mask, _validate_tensor
+from .masks import causal_mask
+from .precision import fused_attention
 
 
 def scaled_dot_product_attention(
@@ -41,7 +42,7 @@ def scaled_dot_product_attention(
     Defined in chapter 1, Attention.
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
-        check_tensor(name, t, floating=True)
+        _validate_tensor(name, t, floating=True)
         if t.dim() < 2:
             raise ValueError(f"{name} must have shape (..., T, d), got shape {tuple(t.shape)}")
     if q.shape[-1] != k.shape[-1]:
@@ -51,16 +52,7 @@ def scaled_dot_product_attention(
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     scores = (q @ k.transpose(-2, -1)) * scale  # (..., T_q, T_k)
     if mask is not None:
-        if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
-            got = mask.dtype if isinstance(mask, Tensor) else type(mask).__name__
-            raise TypeError(f"mask must be a boolean tensor (True = may attend), got {got}")
-        try:
-            fits = torch.broadcast_shapes(mask.shape, scores.shape) == scores.shape  # no new axes in the output
-        except RuntimeError:
-            fits = False
-        if not fits:
-            raise ValueError(f"mask of shape {tuple(mask.shape)} cannot broadcast to the scores' shape "
-                             f"(..., T_q, T_k) = {tuple(scores.shape)}")
+        _validate_mask(mask, scores.shape, names="the scores' shape (..., T_q, T_k)")
         scores = scores.masked_fill(~mask, float("-inf"))
     weights = torch.softmax(scores, dim=-1)
     if mask is not None:
@@ -77,9 +69,10 @@ class KVCache:
 
     For self-attention (``static=False``) each call appends the new positions' keys
     and values. For cross-attention (``static=True``) the first call projects the
-    encoder memory once and later calls reuse it.
+    encoder memory once and later calls reuse it. With grouped-query attention the
+    cache holds only the ``n_kv_heads`` key/value heads.
 
-    Shapes: k, v (B, n_heads, T_cache, d_head).
+    Shapes: k, v (B, n_kv_heads, T_cache, d_head).
     """
 
     k: Tensor | None = None
@@ -89,18 +82,35 @@ class KVCache:
     def __len__(self) -> int:
         return 0 if self.k is None else self.k.shape[-2]
 
+    @property
+    def filled(self) -> bool:
+        """A static cache that already holds the memory's keys and values."""
+        return self.static and self.k is not None
 
-def _fused_attention(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> Tensor:
-    """``F.scaled_dot_product_attention``, in fp32 when bf16 inputs are on the CPU.
+    @property
+    def past_length(self) -> int:
+        """How many earlier positions precede the new queries (0 for cross-attention)."""
+        return 0 if self.static else len(self)
 
-    PyTorch's CPU attention kernels are slower in bf16 than in fp32 (the backward about 4x
-    at chapter 7's sizes), and attention is a small share of the matrix work, so under
-    CPU autocast the attention itself runs in fp32 and only the projections in bf16.
+    def update(self, k: Tensor | None, v: Tensor | None) -> tuple[Tensor, Tensor]:
+        """Store the new keys and values (append them, for self-attention); return all of them."""
+        if self.filled:
+            return self.k, self.v
+        if self.k is not None:
+            k = torch.cat([self.k, k], dim=2)  # (B, n_kv_heads, T_past + T_new, d_head)
+            v = torch.cat([self.v, v], dim=2)
+        self.k, self.v = k, v
+        return k, v
+
+
+def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
+    """Grouped-query attention: repeat each key/value head for the ``n_rep`` query heads that share it.
+
+    Query head h reads key/value head ``h // n_rep``.
+
+    Shapes: x (B, n_kv_heads, T, d_head) -> (B, n_kv_heads * n_rep, T, d_head).
     """
-    if q.device.type == "cpu" and q.dtype == torch.bfloat16:
-        with torch.autocast("cpu", enabled=False):
-            return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), **kwargs).to(q.dtype)
-    return F.scaled_dot_product_attention(q, k, v, **kwargs)
+    return x if n_rep == 1 else x.repeat_interleave(n_rep, dim=1)
 
 
 class MultiHeadAttention(nn.Module):
@@ -111,6 +121,8 @@ class MultiHeadAttention(nn.Module):
     projects back. With ``need_weights=True`` it runs the explicit path and also
     returns the per-head weights; otherwise it calls ``F.scaled_dot_product_attention``.
     An optional :class:`~transformer_lib.positional.RotaryEmbedding` rotates q and k.
+    ``n_kv_heads < n_heads`` gives grouped-query attention (``n_kv_heads=1``: multi-query):
+    the keys and values have fewer heads, each shared by ``n_heads // n_kv_heads`` query heads.
 
     Shapes:
         query (B, T_q, d_model), key/value (B, T_k, d_model),
@@ -121,38 +133,37 @@ class MultiHeadAttention(nn.Module):
     """
 
     def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True,
-                 rotary: nn.Module | None = None) -> None:
+                 rotary: nn.Module | None = None, n_kv_heads: int | None = None) -> None:
         super().__init__()
-        if not (isinstance(d_model, int) and isinstance(n_heads, int)) or d_model <= 0 or n_heads <= 0:
-            raise ValueError(f"d_model and n_heads must be positive ints, got d_model={d_model!r}, n_heads={n_heads!r}")
+        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        for name, value in (("d_model", d_model), ("n_heads", n_heads), ("n_kv_heads", n_kv_heads)):
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
         if d_model % n_heads != 0:
             raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads}); "
                              f"d_model / n_heads = {d_model / n_heads:g} is not an integer")
-        self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_model // n_heads
+        if n_heads % n_kv_heads != 0:
+            raise ValueError(f"n_heads ({n_heads}) must be a multiple of n_kv_heads ({n_kv_heads}): "
+                             f"each key/value head serves the same number of query heads")
+        self.d_model, self.n_heads, self.n_kv_heads = d_model, n_heads, n_kv_heads
+        self.d_head = d_model // n_heads
+        d_kv = n_kv_heads * self.d_head
         self.dropout = dropout
         self.q_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.k_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.v_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.k_proj = nn.Linear(d_model, d_kv, bias=bias)
+        self.v_proj = nn.Linear(d_model, d_kv, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
         self.rotary = rotary
 
     def split_heads(self, x: Tensor) -> Tensor:
-        """(B, T, d_model) -> (B, n_heads, T, d_head). Each example keeps its own T."""
+        """(B, T, n * d_head) -> (B, n, T, d_head), n = n_heads for queries, n_kv_heads for keys/values."""
         B, T, _ = x.shape
-        return x.view(B, T, self.n_heads, self.d_head).transpose(1, 2)  # (B, n_heads, T, d_head)
+        return x.view(B, T, -1, self.d_head).transpose(1, 2)  # (B, n, T, d_head)
 
     def merge_heads(self, x: Tensor) -> Tensor:
         """(B, n_heads, T, d_head) -> (B, T, d_model)."""
         B, _, T, _ = x.shape
         return x.transpose(1, 2).reshape(B, T, self.d_model)  # (B, T, d_model)
-
-    def _project_qkv(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        if query is key and key is value:
-            # Self-attention: one matmul with the three weights stacked (the "fused" projection).
-            w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])  # (3 d_model, d_model)
-            b = None if self.q_proj.bias is None else torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias])
-            return F.linear(query, w, b).split(self.d_model, dim=-1)
-        return self.q_proj(query), self.k_proj(key), self.v_proj(value)
 
     def forward(
         self,
@@ -163,60 +174,76 @@ class MultiHeadAttention(nn.Module):
         need_weights: bool = False,
         is_causal: bool = False,
         cache: KVCache | None = None,
+        positions: Tensor | None = None,
     ) -> Tensor | tuple[Tensor, Tensor]:
         """Attend from ``query`` to ``key``/``value`` (both default to ``query``: self-attention).
 
-        ``is_causal=True`` adds a causal mask (aligned to the bottom right when a
-        cache holds earlier positions). ``cache`` enables incremental decoding.
+        ``is_causal=True`` adds a causal mask (aligned to the bottom right when a cache holds
+        earlier positions). ``cache`` enables incremental decoding. ``positions`` (B, T_q) or
+        (T_q,) gives RoPE the absolute position of each new token (default: contiguous, after
+        the cached ones), e.g. for left-padded batches.
         """
         key = query if key is None else key
         value = key if value is None else value
-        check_tensor("query", query, ndim=3, floating=True, last_dim=self.d_model)
-        check_tensor("key", key, ndim=3, floating=True, last_dim=self.d_model)
-        check_tensor("value", value, ndim=3, floating=True, last_dim=self.d_model)
+        self._validate_inputs(query, key, value)
+        T_past = 0 if cache is None else cache.past_length
+
+        q, k, v = self._project(query, key, value, cache)
+        q = self.split_heads(q)  # (B, n_heads, T_q, d_head)
+        if k is not None:
+            k, v = self.split_heads(k), self.split_heads(v)  # (B, n_kv_heads, T_new, d_head)
+        if self.rotary is not None:
+            q = self.rotary(q, offset=T_past, positions=positions)
+            k = self.rotary(k, offset=T_past, positions=positions)
+        if cache is not None:
+            k, v = cache.update(k, v)  # (B, n_kv_heads, T_k, d_head): earlier positions too
+        _validate_mask(mask, (query.shape[0], self.n_heads, q.shape[2], k.shape[2]))
+
+        k, v = repeat_kv(k, self.n_heads // self.n_kv_heads), repeat_kv(v, self.n_heads // self.n_kv_heads)
+        out, weights = self._attend(q, k, v, mask, is_causal, need_weights)  # (B, n_heads, T_q, d_head)
+        out = self.out_proj(self.merge_heads(out))  # (B, T_q, d_model)
+        return (out, weights) if need_weights else out
+
+    def _validate_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:
+        for name, t in (("query", query), ("key", key), ("value", value)):
+            _validate_tensor(name, t, ndim=3, floating=True, last_dim=self.d_model)
         if key.shape[:2] != value.shape[:2] or key.shape[0] != query.shape[0]:
             raise ValueError(f"query, key and value must share B and key/value must share T_k; got query "
                              f"{tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}")
-        B, T_q, _ = query.shape
 
-        if cache is not None and cache.static and cache.k is not None:
-            q, k, v = self.q_proj(query), None, None  # keys/values of the memory were computed once
-        else:
-            q, k, v = self._project_qkv(query, key, value)
-        q = self.split_heads(q)  # (B, n_heads, T_q, d_head)
-        T_past = 0 if cache is None or cache.static else len(cache)
-        if k is not None:
-            k, v = self.split_heads(k), self.split_heads(v)  # (B, n_heads, T_new, d_head)
-            if self.rotary is not None:
-                k = self.rotary(k, offset=T_past)
-        if self.rotary is not None:
-            q = self.rotary(q, offset=T_past)
-        if cache is not None:
-            if k is None:
-                k, v = cache.k, cache.v
-            else:
-                if not cache.static and cache.k is not None:
-                    k = torch.cat([cache.k, k], dim=2)  # (B, n_heads, T_past + T_new, d_head)
-                    v = torch.cat([cache.v, v], dim=2)
-                cache.k, cache.v = k, v
-        T_k = k.shape[2]
-        check_mask(mask, B, self.n_heads, T_q, T_k)
+    def _project(self, query: Tensor, key: Tensor, value: Tensor,
+                 cache: KVCache | None) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """q, k, v projections; k and v are None when a static cache already holds them.
 
+        Self-attention runs one matmul with the three weights stacked (the "fused" projection).
+        """
+        if cache is not None and cache.filled:
+            return self.q_proj(query), None, None  # the memory's keys and values were computed once
+        if query is key and key is value:
+            w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])  # (d_model + 2 d_kv, d_model)
+            b = None if self.q_proj.bias is None else torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias])
+            d_kv = self.k_proj.out_features
+            return F.linear(query, w, b).split([self.d_model, d_kv, d_kv], dim=-1)
+        return self.q_proj(query), self.k_proj(key), self.v_proj(value)
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool,
+                need_weights: bool) -> tuple[Tensor, Tensor | None]:
+        """softmax(q k^T / sqrt(d_head)) v in every head, explicit (with weights) or fused.
+
+        Shapes: q (B, n_heads, T_q, d_head), k/v (B, n_heads, T_k, d_head)
+            -> out (B, n_heads, T_q, d_head), weights (B, n_heads, T_q, T_k) or None
+        """
         dropout_p = self.dropout if self.training else 0.0
-        if is_causal and T_q == 1:
-            is_causal = False  # one new query at the end of the sequence may see every key
-        if is_causal:
-            if T_q == T_k and mask is None and not need_weights:
-                out = _fused_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
-                return self.out_proj(self.merge_heads(out))
+        T_q, T_k = q.shape[2], k.shape[2]
+        if is_causal and T_q == T_k and mask is None and not need_weights:
+            return fused_attention(q, k, v, dropout_p=dropout_p, is_causal=True), None  # the fast causal kernel
+        if is_causal and T_q > 1:  # one new query at the end of the sequence may see every key
             causal = causal_mask(T_q, T_k, device=q.device)
             mask = causal if mask is None else mask & causal
-
         if need_weights:
-            out, weights = scaled_dot_product_attention(q, k, v, mask=mask, dropout_p=dropout_p)
-            return self.out_proj(self.merge_heads(out)), weights
-        out = _fused_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+            return scaled_dot_product_attention(q, k, v, mask=mask, dropout_p=dropout_p)
+        out = fused_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
         if mask is not None:
             # Fused kernels differ on fully masked rows (NaN or mean of v); make them zeros like the explicit path.
             out = out.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
-        return self.out_proj(self.merge_heads(out))
+        return out, None

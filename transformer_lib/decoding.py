@@ -2,7 +2,9 @@
 
 The encoder runs once; the decoder's cross-attention projects the encoder's output into
 keys and values once (static caches) and its self-attention keeps a growing key/value
-cache, so each step feeds only the newest token.
+cache, so each step feeds only the newest token. The special tokens are the caller's:
+``bos_id`` starts every output, ``eos_id`` ends it, ``pad_id`` (default: the model's) fills
+the rows that finished early.
 """
 
 from __future__ import annotations
@@ -10,28 +12,55 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ._validate import _validate_token_ids
 from .attention import KVCache
 from .models import Seq2SeqTransformer
-from .tasks import BOS, EOS, PAD
+from .utils import eval_mode
+
+
+def _validate_decoding(model: Seq2SeqTransformer, src: Tensor, max_len: int, **special_ids: int) -> None:
+    """Check the source, the output length against the model's context, and the special ids, before any work."""
+    if not isinstance(model, Seq2SeqTransformer):
+        raise TypeError(f"model must be a Seq2SeqTransformer, got {type(model).__name__}")
+    _validate_token_ids("src", src, model.src_vocab_size, model.max_len)
+    if src.shape[0] == 0:
+        raise ValueError("src is an empty batch (B = 0): there is nothing to decode")
+    if not isinstance(max_len, int) or isinstance(max_len, bool) or max_len < 1:
+        raise ValueError(f"max_len must be a positive int, got {max_len!r}")
+    if max_len > model.max_len:
+        raise ValueError(f"max_len={max_len}: decoding that many tokens feeds the decoder up to {max_len} positions, "
+                         f"more than the model's context of {model.max_len}")
+    for name, value in special_ids.items():
+        if not isinstance(value, int) or not 0 <= value < model.tgt_vocab_size:
+            raise ValueError(f"{name} must be a token id in [0, {model.tgt_vocab_size}), got {value!r}")
 
 
 @torch.no_grad()
-def greedy_decode(model: Seq2SeqTransformer, src: Tensor, max_len: int, use_cache: bool = True) -> Tensor:
-    """The most likely next token at every step, until every sequence has produced ``<eos>``.
+def greedy_decode(model: Seq2SeqTransformer, src: Tensor, max_len: int, *, bos_id: int, eos_id: int,
+                  pad_id: int | None = None, use_cache: bool = True) -> Tensor:
+    """The most likely next token at every step, until every sequence has produced ``eos_id`` (eval mode).
 
-    Shapes: src (B, S) -> (B, <= max_len + 1): ``<bos>`` followed by the generated ids
-    (``<pad>`` after a sequence's ``<eos>``).
+    Shapes: src (B, S) -> (B, <= max_len + 1): ``bos_id`` followed by the generated ids
+    (``pad_id`` after a sequence's ``eos_id``).
     """
+    pad_id = model.pad_id if pad_id is None else pad_id
+    _validate_decoding(model, src, max_len, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
+    with eval_mode(model):
+        return _greedy(model, src, max_len, bos_id, eos_id, pad_id, use_cache)
+
+
+def _greedy(model: Seq2SeqTransformer, src: Tensor, max_len: int, bos_id: int, eos_id: int, pad_id: int,
+            use_cache: bool) -> Tensor:
     memory = model.encode(src)  # (B, S, d_model), computed once
     caches = model.new_caches() if use_cache else None
-    out = torch.full((src.shape[0], 1), BOS, dtype=torch.long, device=src.device)
+    out = torch.full((src.shape[0], 1), bos_id, dtype=torch.long, device=src.device)
     done = torch.zeros(src.shape[0], dtype=torch.bool, device=src.device)
     for _ in range(max_len):
         step_in = out[:, -1:] if use_cache else out
         logits = model.decode(step_in, memory, src, caches=caches)[:, -1]  # (B, V)
-        next_id = logits.argmax(-1).masked_fill(done, PAD)
+        next_id = logits.argmax(-1).masked_fill(done, pad_id)
         out = torch.cat([out, next_id[:, None]], dim=1)
-        done |= next_id == EOS
+        done |= next_id == eos_id
         if done.all():
             break
     return out
@@ -45,21 +74,29 @@ def _reorder(caches: list[tuple[KVCache, KVCache]], index: Tensor) -> None:
 
 
 @torch.no_grad()
-def beam_search(model: Seq2SeqTransformer, src: Tensor, max_len: int, beam_size: int = 4,
-                length_penalty: float = 1.0) -> Tensor:
-    """Keep the ``beam_size`` most likely partial outputs at every step; return the best finished one.
+def beam_search(model: Seq2SeqTransformer, src: Tensor, max_len: int, *, bos_id: int, eos_id: int,
+                pad_id: int | None = None, beam_size: int = 4, length_penalty: float = 1.0) -> Tensor:
+    """Keep the ``beam_size`` most likely partial outputs at every step; return the best finished one (eval mode).
 
     Finished hypotheses are ranked by log-probability / length**length_penalty.
 
     Shapes: src (B, S) -> (B, <= max_len + 1), like :func:`greedy_decode`.
     """
-    if beam_size < 1:
-        raise ValueError(f"beam_size must be >= 1, got {beam_size}")
+    pad_id = model.pad_id if pad_id is None else pad_id
+    _validate_decoding(model, src, max_len, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
+    if not isinstance(beam_size, int) or isinstance(beam_size, bool) or beam_size < 1:
+        raise ValueError(f"beam_size must be a positive int, got {beam_size!r}")
+    with eval_mode(model):
+        return _beam(model, src, max_len, bos_id, eos_id, pad_id, beam_size, length_penalty)
+
+
+def _beam(model: Seq2SeqTransformer, src: Tensor, max_len: int, bos_id: int, eos_id: int, pad_id: int, beam_size: int,
+          length_penalty: float) -> Tensor:
     B, k, device = src.shape[0], beam_size, src.device
     src_k = src.repeat_interleave(k, dim=0)  # (B k, S): each example once per beam
     memory = model.encode(src_k)
     caches = model.new_caches()
-    seqs = torch.full((B * k, 1), BOS, dtype=torch.long, device=device)
+    seqs = torch.full((B * k, 1), bos_id, dtype=torch.long, device=device)
     scores = torch.full((B, k), float("-inf"), device=device)
     scores[:, 0] = 0.0  # all beams start identical: keep only one alive at first
     best: list[tuple[float, Tensor] | None] = [None] * B
@@ -71,15 +108,15 @@ def beam_search(model: Seq2SeqTransformer, src: Tensor, max_len: int, beam_size:
         beam, token = flat // V, flat % V
         new_scores = torch.full((B, k), float("-inf"), device=device)
         new_index = torch.zeros(B, k, dtype=torch.long, device=device)
-        new_token = torch.full((B, k), PAD, dtype=torch.long, device=device)
+        new_token = torch.full((B, k), pad_id, dtype=torch.long, device=device)
         for b in range(B):
             filled = 0
             for j in range(2 * k):
                 score, src_beam, tok = top[b, j].item(), beam[b, j].item(), token[b, j].item()
                 if score == float("-inf"):
                     break
-                if tok == EOS:  # a finished hypothesis: keep the best by normalized score
-                    seq = torch.cat([seqs[b * k + src_beam], torch.tensor([EOS], device=device)])
+                if tok == eos_id:  # a finished hypothesis: keep the best by normalized score
+                    seq = torch.cat([seqs[b * k + src_beam], torch.tensor([eos_id], device=device)])
                     norm = score / (t ** length_penalty)
                     if best[b] is None or norm > best[b][0]:
                         best[b] = (norm, seq)
@@ -101,4 +138,4 @@ def beam_search(model: Seq2SeqTransformer, src: Tensor, max_len: int, beam_size:
         if best[b] is None:  # nothing finished: take the best live beam
             best[b] = (0.0, seqs[b * k + int(scores[b].argmax())])
         results.append(best[b][1])
-    return torch.nn.utils.rnn.pad_sequence(results, batch_first=True, padding_value=PAD)
+    return torch.nn.utils.rnn.pad_sequence(results, batch_first=True, padding_value=pad_id)

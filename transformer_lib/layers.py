@@ -12,7 +12,7 @@ that weights copy one to one (see :mod:`transformer_lib.interop`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -81,10 +81,11 @@ class EncoderLayer(nn.Module):
 
     def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float = 0.0, activation: str = "relu",
                  norm_first: bool = False, norm: str = "layernorm", eps: float | None = None, bias: bool = True,
-                 rotary: nn.Module | None = None, fused_norms: bool = False) -> None:
+                 rotary: nn.Module | None = None, fused_norms: bool = False, n_kv_heads: int | None = None) -> None:
         super().__init__()
         self.norm_first = norm_first
-        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout=dropout, bias=bias, rotary=rotary)
+        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout=dropout, bias=bias, rotary=rotary,
+                                            n_kv_heads=n_kv_heads)
         self.ff = FeedForward(d_model, d_ff, activation=activation, dropout=dropout, bias=bias)
         self.norm1 = make_norm(norm, d_model, eps, bias, fused_norms)
         self.norm2 = make_norm(norm, d_model, eps, bias, fused_norms)
@@ -92,11 +93,12 @@ class EncoderLayer(nn.Module):
         self.dropout2 = nn.Dropout(dropout)
 
     def forward(self, x: Tensor, mask: Tensor | None = None, need_weights: bool = False, is_causal: bool = False,
-                cache: KVCache | None = None) -> Tensor | tuple[Tensor, Tensor]:
+                cache: KVCache | None = None, positions: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
         weights: list[Tensor] = []
 
         def attend(h: Tensor) -> Tensor:
-            out = self.self_attn(h, h, h, mask=mask, need_weights=need_weights, is_causal=is_causal, cache=cache)
+            out = self.self_attn(h, h, h, mask=mask, need_weights=need_weights, is_causal=is_causal, cache=cache,
+                                 positions=positions)
             return _keep(out, weights, need_weights)
 
         x = _residual(x, attend, self.norm1, self.dropout1, self.norm_first)
@@ -113,8 +115,9 @@ class DecoderOnlyLayer(EncoderLayer):
     """
 
     def forward(self, x: Tensor, mask: Tensor | None = None, need_weights: bool = False, is_causal: bool = True,
-                cache: KVCache | None = None) -> Tensor | tuple[Tensor, Tensor]:
-        return super().forward(x, mask=mask, need_weights=need_weights, is_causal=is_causal, cache=cache)
+                cache: KVCache | None = None, positions: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
+        return super().forward(x, mask=mask, need_weights=need_weights, is_causal=is_causal, cache=cache,
+                               positions=positions)
 
 
 class DecoderLayer(nn.Module):
@@ -172,3 +175,25 @@ def _keep(out: Tensor | tuple[Tensor, Tensor], weights: list[Tensor], need_weigh
         out, w = out
         weights.append(w)
     return out
+
+
+def run_layers(layers: Sequence[nn.Module], x: Tensor, need_weights: bool = False,
+               per_layer: dict[str, Sequence[object]] | None = None, **kwargs) -> tuple[Tensor, list]:
+    """Run ``x`` through a stack of layers; return the output and, with ``need_weights``, each layer's weights.
+
+    ``kwargs`` go to every layer; ``per_layer`` maps an argument name to one value per layer
+    (e.g. ``{"cache": caches}``). A layer with several attentions (a decoder layer) contributes
+    a tuple of weights.
+
+    Shapes: x (B, T, d_model) -> (B, T, d_model), n_layers x weights (B, n_heads, T, T_k).
+    """
+    weights = []
+    for i, layer in enumerate(layers):
+        own = {name: values[i] for name, values in (per_layer or {}).items()}
+        out = layer(x, need_weights=need_weights, **kwargs, **own)
+        if need_weights:
+            x, *w = out
+            weights.append(w[0] if len(w) == 1 else tuple(w))
+        else:
+            x = out
+    return x, weights

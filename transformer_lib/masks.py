@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ._validate import _validate_mask
+
 
 def causal_mask(T_q: int, T_k: int | None = None, device: torch.device | str | None = None) -> Tensor:
     """Lower-triangular mask: position i may attend to j <= i.
@@ -68,9 +70,7 @@ def combine_masks(*masks: Tensor | None) -> Tensor | None:
     for m in masks:
         if m is None:
             continue
-        if not isinstance(m, Tensor) or m.dtype != torch.bool:
-            got = m.dtype if isinstance(m, Tensor) else type(m).__name__
-            raise TypeError(f"masks must be boolean tensors (True = may attend), got {got}")
+        _validate_mask(m)
         if result is not None:
             try:
                 torch.broadcast_shapes(result.shape, m.shape)
@@ -79,21 +79,3 @@ def combine_masks(*masks: Tensor | None) -> Tensor | None:
                                  f"to a common shape") from None
         result = m if result is None else result & m
     return result
-
-
-def check_mask(mask: Tensor | None, B: int, n_heads: int, T_q: int, T_k: int) -> Tensor | None:
-    """Validate that ``mask`` is boolean and broadcasts to (B, n_heads, T_q, T_k); return it unchanged."""
-    if mask is None:
-        return None
-    if not isinstance(mask, Tensor):
-        raise TypeError(f"mask must be a boolean torch.Tensor, got {type(mask).__name__}")
-    if mask.dtype != torch.bool:
-        raise TypeError(f"mask must have dtype torch.bool (True = may attend), got {mask.dtype}")
-    target = (B, n_heads, T_q, T_k)
-    try:
-        ok = mask.dim() <= 4 and torch.broadcast_shapes(mask.shape, target) == target
-    except RuntimeError:
-        ok = False
-    if not ok:
-        raise ValueError(f"mask of shape {tuple(mask.shape)} cannot broadcast to (B, n_heads, T_q, T_k) = {target}")
-    return mask

@@ -13,29 +13,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._checks import check_token_ids
+from ._validate import _validate_attention_mask, _validate_tensor, _validate_token_ids
 from .attention import KVCache
-from .layers import ACTIVATIONS, DecoderLayer, DecoderOnlyLayer, EncoderLayer
+from .layers import ACTIVATIONS, DecoderLayer, DecoderOnlyLayer, EncoderLayer, run_layers
 from .masks import padding_mask
-from .norms import make_norm
+from .norms import NORMS, make_norm
 from .positional import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
+from .precision import output_in_fp32
 from .sampling import sample_next_token
+from .utils import eval_mode
 
 POSITIONALS = ("learned", "sinusoidal", "rope", "none")
-
-
-def output_in_fp32(head: nn.Linear, h: Tensor) -> Tensor:
-    """``head(h)``, in fp32 even under autocast.
-
-    bf16 logits keep about 3 significant digits; rounding every logit adds noise that raises
-    the cross-entropy on average, so the output projection (small: d_model x vocab) stays fp32.
-
-    Shapes: h (..., d_model) -> logits (..., vocab_size).
-    """
-    if torch.is_autocast_enabled(h.device.type):
-        with torch.autocast(h.device.type, enabled=False):
-            return head(h.float())
-    return head(h)
 
 
 def _absolute_positions(kind: str, d_model: int, max_len: int) -> nn.Module | None:
@@ -99,14 +87,9 @@ class Seq2SeqTransformer(nn.Module):
 
     def encode(self, src: Tensor, need_weights: bool = False) -> Tensor | tuple[Tensor, list[Tensor]]:
         """Shapes: src (B, S) -> memory (B, S, d_model) [, per-layer weights (B, n_heads, S, S)]."""
-        check_token_ids("src", src, self.src_vocab_size, self.max_len)
-        mask, weights = self.src_mask(src), []
+        _validate_token_ids("src", src, self.src_vocab_size, self.max_len)
         x = self._embed(self.src_embed, src)
-        for layer in self.encoder_layers:
-            x = layer(x, mask=mask, need_weights=need_weights)
-            if need_weights:
-                x, w = x
-                weights.append(w)
+        x, weights = run_layers(self.encoder_layers, x, need_weights, mask=self.src_mask(src))
         x = self.encoder_norm(x)
         return (x, weights) if need_weights else x
 
@@ -121,20 +104,22 @@ class Seq2SeqTransformer(nn.Module):
             [, (self weights (B, n_heads, T, T_k) per layer, cross weights (B, n_heads, T, S) per layer)]
         """
         offset = 0 if caches is None else len(caches[0][0])
-        check_token_ids("tgt", tgt, self.tgt_vocab_size, self.max_len - offset)
-        memory_mask = self.src_mask(src)
+        _validate_token_ids("tgt", tgt, self.tgt_vocab_size, self.max_len - offset)
         x = self._embed(self.tgt_embed, tgt, offset=offset)
-        self_w, cross_w = [], []
-        for i, layer in enumerate(self.decoder_layers):
-            self_cache, cross_cache = (None, None) if caches is None else caches[i]
-            x = layer(x, memory, memory_mask=memory_mask, need_weights=need_weights, tgt_is_causal=True,
-                      self_cache=self_cache, cross_cache=cross_cache)
-            if need_weights:
-                x, sw, cw = x
-                self_w.append(sw)
-                cross_w.append(cw)
+        x, weights = run_layers(self.decoder_layers, x, need_weights, memory=memory, memory_mask=self.src_mask(src),
+                                tgt_is_causal=True, per_layer=self._layer_caches(caches))
         logits = output_in_fp32(self.head, self.decoder_norm(x))
-        return (logits, (self_w, cross_w)) if need_weights else logits
+        if not need_weights:
+            return logits
+        self_w, cross_w = (list(w) for w in zip(*weights))
+        return logits, (self_w, cross_w)
+
+    @staticmethod
+    def _layer_caches(caches: list[tuple[KVCache, KVCache]] | None) -> dict[str, list[KVCache]] | None:
+        """Per-layer (self, cross) cache pairs as the decoder layers' keyword arguments."""
+        if caches is None:
+            return None
+        return {"self_cache": [c[0] for c in caches], "cross_cache": [c[1] for c in caches]}
 
     def new_caches(self) -> list[tuple[KVCache, KVCache]]:
         """Empty caches for incremental decoding: a growing self-attention cache and a static cross one per layer."""
@@ -146,36 +131,44 @@ class Seq2SeqTransformer(nn.Module):
 
     @torch.no_grad()
     def attention_maps(self, src: Tensor, tgt: Tensor) -> dict[str, list[Tensor]]:
-        """All attention weights: ``{"encoder": [...], "decoder": [...], "cross": [...]}``, one tensor per layer.
+        """All attention weights (eval mode): ``{"encoder": [...], "decoder": [...], "cross": [...]}``, one per layer.
 
         Shapes: encoder (B, n_heads, S, S), decoder (B, n_heads, T, T), cross (B, n_heads, T, S).
         """
-        memory, enc_w = self.encode(src, need_weights=True)
-        _, (dec_w, cross_w) = self.decode(tgt, memory, src, need_weights=True)
+        with eval_mode(self):
+            memory, enc_w = self.encode(src, need_weights=True)
+            _, (dec_w, cross_w) = self.decode(tgt, memory, src, need_weights=True)
         return {"encoder": enc_w, "decoder": dec_w, "cross": cross_w}
 
 
 # --------------------------------------------------------------------------- decoder-only
 
 
-@dataclass
+@dataclass(frozen=True)
 class GPTConfig:
-    """Hyper-parameters of :class:`GPT`.
+    """Hyper-parameters of :class:`GPT`, checked when made and immutable after (use ``dataclasses.replace``).
 
     ``positional``: "learned" | "sinusoidal" | "rope" | "none"; ``norm``: "layernorm" | "rmsnorm";
     ``activation``: "gelu" | "gelu_tanh" | "relu" | "swiglu". ``d_ff`` defaults to ``4 d_model``
-    (``8/3 d_model`` for SwiGLU, which keeps the parameter count about the same).
+    (``8/3 d_model`` for SwiGLU, which keeps the parameter count about the same). ``n_kv_heads``
+    below ``n_heads`` gives grouped-query attention (1: multi-query). ``norm_eps`` defaults to
+    1e-5 for LayerNorm and 1e-6 for RMSNorm; ``rope_base`` is RoPE's theta. Hugging Face calls
+    these ``num_key_value_heads``, ``layer_norm_epsilon``/``rms_norm_eps``, ``rope_theta`` and
+    ``tie_word_embeddings``.
     """
 
     vocab_size: int
     block_size: int
-    n_layer: int = 4
-    n_head: int = 4
+    n_layers: int = 4
+    n_heads: int = 4
     d_model: int = 128
+    n_kv_heads: int | None = None
     dropout: float = 0.0
     d_ff: int | None = None
     positional: str = "learned"
+    rope_base: float = 10000.0
     norm: str = "layernorm"
+    norm_eps: float | None = None
     activation: str = "gelu"
     bias: bool = True
     norm_first: bool = True
@@ -183,28 +176,58 @@ class GPTConfig:
     fused_norms: bool = True  # the norms' fused PyTorch kernels (same numbers as the written-out ones, faster)
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "block_size", "n_layer", "n_head", "d_model"):
+        def positive_int(name: str) -> None:
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"GPTConfig.{name} must be a positive int, got {value!r}")
-        if self.d_model % self.n_head:
-            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_head ({self.n_head})")
-        if self.positional not in POSITIONALS:
-            raise ValueError(f"positional must be one of {POSITIONALS}, got {self.positional!r}")
-        if self.activation not in ACTIVATIONS:
-            raise ValueError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
-        make_norm(self.norm, 1)  # validates the name
+
+        for name in ("vocab_size", "block_size", "n_layers", "n_heads", "d_model"):
+            positive_int(name)
+        if self.n_kv_heads is None:
+            object.__setattr__(self, "n_kv_heads", self.n_heads)
         if self.d_ff is None:
-            self.d_ff = int(8 * self.d_model / 3) if self.activation == "swiglu" else 4 * self.d_model
+            object.__setattr__(self, "d_ff", int(8 * self.d_model / 3) if self.activation == "swiglu"
+                               else 4 * self.d_model)
+        if self.norm_eps is None:
+            object.__setattr__(self, "norm_eps", 1e-6 if self.norm == "rmsnorm" else 1e-5)
+        positive_int("n_kv_heads")
+        positive_int("d_ff")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"GPTConfig.d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"GPTConfig.n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
+        if self.positional not in POSITIONALS:
+            raise ValueError(f"GPTConfig.positional must be one of {POSITIONALS}, got {self.positional!r}")
+        if self.positional == "rope" and (self.d_model // self.n_heads) % 2:
+            raise ValueError(f"RoPE rotates pairs of dimensions: d_head = {self.d_model // self.n_heads} must be even")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"GPTConfig.activation must be one of {ACTIVATIONS}, got {self.activation!r}")
+        if self.norm not in NORMS:
+            raise ValueError(f"GPTConfig.norm must be one of {NORMS}, got {self.norm!r}")
+        for name in ("dropout", "rope_base", "norm_eps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"GPTConfig.{name} must be a finite number, got {value!r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"GPTConfig.dropout must be in [0, 1), got {self.dropout!r}")
+        if self.rope_base <= 0 or self.norm_eps <= 0:
+            raise ValueError(f"GPTConfig.rope_base and norm_eps must be > 0, got {self.rope_base!r}, {self.norm_eps!r}")
+        for name in ("bias", "norm_first", "tie_weights", "fused_norms"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"GPTConfig.{name} must be True or False, got {getattr(self, name)!r}")
+
+    @property
+    def d_head(self) -> int:
+        return self.d_model // self.n_heads
 
 
 class GPT(nn.Module):
     """A decoder-only Transformer language model (GPT-2 style, Pre-LN by default).
 
-    Token embedding (+ absolute positions, unless RoPE), ``n_layer`` causal blocks,
-    a final norm and an output head tied to the token embedding.
+    Token embedding (+ absolute positions, unless RoPE), ``n_layers`` causal blocks,
+    a final norm and an output head (tied to the token embedding unless ``tie_weights=False``).
     ``forward(idx, targets)`` returns ``(logits, loss)``; ``generate`` samples with an
-    optional key/value cache.
+    optional key/value cache. Both take an ``attention_mask`` (B, T) for left-padded batches.
 
     Shapes: idx (B, T) with T <= block_size -> logits (B, T, vocab_size), loss scalar or None.
 
@@ -213,6 +236,8 @@ class GPT(nn.Module):
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
+        if not isinstance(config, GPTConfig):
+            raise TypeError(f"GPT expects a GPTConfig, got {type(config).__name__}")
         self.config = c = config
         self.tok_emb = nn.Embedding(c.vocab_size, c.d_model)
         self.pos = _absolute_positions(c.positional, c.d_model, c.block_size)
@@ -220,18 +245,19 @@ class GPT(nn.Module):
         # (section 3.4), scale the token embeddings by sqrt(d_model) so that the positions do not drown them.
         self.emb_scale = math.sqrt(c.d_model) if c.positional == "sinusoidal" else 1.0
         self.dropout = nn.Dropout(c.dropout)
-        d_head = c.d_model // c.n_head
         self.blocks = nn.ModuleList(
-            DecoderOnlyLayer(c.d_model, c.n_head, c.d_ff, c.dropout, c.activation, c.norm_first, c.norm, bias=c.bias,
-                             rotary=RotaryEmbedding(d_head, c.block_size) if c.positional == "rope" else None,
-                             fused_norms=c.fused_norms)
-            for _ in range(c.n_layer))
-        self.norm_f = make_norm(c.norm, c.d_model, bias=c.bias, fused=c.fused_norms) if c.norm_first else nn.Identity()
+            DecoderOnlyLayer(c.d_model, c.n_heads, c.d_ff, c.dropout, c.activation, c.norm_first, c.norm,
+                             eps=c.norm_eps, bias=c.bias, fused_norms=c.fused_norms, n_kv_heads=c.n_kv_heads,
+                             rotary=RotaryEmbedding(c.d_head, c.block_size, c.rope_base) if c.positional == "rope"
+                             else None)
+            for _ in range(c.n_layers))
+        self.norm_f = (make_norm(c.norm, c.d_model, c.norm_eps, bias=c.bias, fused=c.fused_norms) if c.norm_first
+                       else nn.Identity())
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         self.apply(self._init_weights)
         for block in self.blocks:  # GPT-2: scale the projections that write into the residual stream
             for proj in (block.self_attn.out_proj, block.ff.linear2):
-                nn.init.normal_(proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * c.n_layer))
+                nn.init.normal_(proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * c.n_layers))
         if c.tie_weights:
             self.lm_head.weight = self.tok_emb.weight
 
@@ -244,41 +270,59 @@ class GPT(nn.Module):
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
-    def _hidden(self, idx: Tensor, caches: list[KVCache] | None = None, need_weights: bool = False,
-                checked: bool = False) -> tuple[Tensor, list[Tensor]]:
+    def _validate(self, idx: Tensor, attention_mask: Tensor | None, past: int = 0) -> Tensor | None:
+        """Check the token ids and the padding mask once, at the model's boundary; return the mask as bool."""
+        if self.training and idx.is_cuda:  # the range check syncs with the host: only the shape in GPU training
+            _validate_tensor("idx", idx, ndim=2)
+            if idx.shape[1] > self.config.block_size - past:
+                raise ValueError(f"idx has length {idx.shape[1]}, longer than the model's context of "
+                                 f"{self.config.block_size - past} tokens")
+        else:
+            _validate_token_ids("idx", idx, self.config.vocab_size, self.config.block_size - past)
+        if attention_mask is None:
+            return None
+        return _validate_attention_mask(attention_mask, idx.shape[0], past + idx.shape[1])
+
+    def _hidden(self, idx: Tensor, caches: list[KVCache] | None = None, attention_mask: Tensor | None = None,
+                need_weights: bool = False) -> tuple[Tensor, list[Tensor]]:
+        """Embed, run the blocks, apply the final norm. Inputs are already validated.
+
+        ``attention_mask`` (B, T_past + T), True for tokens, False for (left) padding: padding is
+        never attended to, and each token's position counts only the real tokens before it.
+
+        Shapes: idx (B, T) -> h (B, T, d_model), n_layers x weights (B, n_heads, T, T_past + T).
+        """
         offset = 0 if caches is None else len(caches[0])
-        if checked:  # ids the model generated itself: in range by construction
-            pass
-        elif not (self.training and idx.is_cuda):  # the range check syncs with the host: skip it in GPU training
-            check_token_ids("idx", idx, self.config.vocab_size, self.config.block_size - offset)
-        elif idx.dim() != 2 or idx.shape[1] > self.config.block_size:
-            raise ValueError(f"idx must be (B, T) with T <= block_size={self.config.block_size}, got {tuple(idx.shape)}")
+        mask = positions = None
+        if attention_mask is not None:
+            mask = attention_mask[:, None, None, :]  # (B, 1, 1, T_k): keys that are real tokens
+            positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -idx.shape[1]:]  # (B, T)
         x = self.tok_emb(idx) * self.emb_scale  # (B, T, d_model)
         if self.pos is not None:
-            x = self.pos(x, offset=offset)
+            x = self.pos(x, offset=offset, positions=positions)
         x = self.dropout(x)
-        weights = []
-        for i, block in enumerate(self.blocks):
-            x = block(x, need_weights=need_weights, cache=None if caches is None else caches[i])
-            if need_weights:
-                x, w = x
-                weights.append(w)
+        per_layer = None if caches is None else {"cache": caches}
+        x, weights = run_layers(self.blocks, x, need_weights, per_layer, mask=mask, positions=positions)
         return self.norm_f(x), weights
 
-    def forward(self, idx: Tensor, targets: Tensor | None = None,
-                caches: list[KVCache] | None = None) -> tuple[Tensor, Tensor | None]:
+    def forward(self, idx: Tensor, targets: Tensor | None = None, caches: list[KVCache] | None = None,
+                attention_mask: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         """Logits for every position and, given ``targets`` (B, T), the mean cross-entropy.
 
         Targets equal to -100 are ignored. ``caches`` (from :meth:`new_caches`) hold the
         keys and values of earlier positions, so ``idx`` can be just the new tokens.
+        ``attention_mask`` (B, T_past + T): 1 for tokens, 0 for left padding.
         """
-        h, _ = self._hidden(idx, caches)
+        past = 0 if caches is None else len(caches[0])
+        attention_mask = self._validate(idx, attention_mask, past)
+        h, _ = self._hidden(idx, caches, attention_mask)
         logits = output_in_fp32(self.lm_head, h)  # (B, T, vocab_size)
         if targets is None:
             return logits, None
-        if targets.shape != idx.shape:
-            raise ValueError(f"targets must have the shape of idx {tuple(idx.shape)}, got {tuple(targets.shape)}")
-        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
+        if not isinstance(targets, Tensor) or targets.shape != idx.shape:
+            got = tuple(targets.shape) if isinstance(targets, Tensor) else type(targets).__name__
+            raise ValueError(f"targets must have the shape of idx {tuple(idx.shape)}, got {got}")
+        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten().long(), ignore_index=-100)
         return logits, loss
 
     def new_caches(self) -> list[KVCache]:
@@ -286,41 +330,62 @@ class GPT(nn.Module):
         return [KVCache() for _ in self.blocks]
 
     @torch.no_grad()
-    def attention_maps(self, idx: Tensor) -> list[Tensor]:
-        """Attention weights of every block. Shapes: idx (B, T) -> n_layer x (B, n_head, T, T)."""
-        return self._hidden(idx, need_weights=True)[1]
+    def attention_maps(self, idx: Tensor, attention_mask: Tensor | None = None) -> list[Tensor]:
+        """Attention weights of every block, in eval mode. Shapes: idx (B, T) -> n_layers x (B, n_heads, T, T)."""
+        attention_mask = self._validate(idx, attention_mask)
+        with eval_mode(self):
+            return self._hidden(idx, attention_mask=attention_mask, need_weights=True)[1]
 
     @torch.inference_mode()
     def generate(self, idx: Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
                  top_p: float | None = None, use_cache: bool = True, generator: torch.Generator | None = None,
-                 return_logits: bool = False) -> Tensor | tuple[Tensor, Tensor]:
-        """Append ``max_new_tokens`` sampled tokens to ``idx`` (``temperature=0``: greedy).
+                 return_logits: bool = False, attention_mask: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
+        """Append ``max_new_tokens`` sampled tokens to ``idx`` (``temperature=0``: greedy), in eval mode.
 
         Without a cache every step re-runs the model on the last ``block_size`` tokens;
         with it, each step feeds only the newest token. Both give the same tokens and
         logits. Once the context is full the window slides, and the cache is refilled
         from the last ``block_size`` tokens, exactly as the uncached model sees them.
+        ``attention_mask`` (B, T0) marks left padding (0) in a batch of prompts of different
+        lengths: each row then generates what its prompt alone would.
 
         Shapes: idx (B, T0) -> (B, T0 + max_new_tokens) [, logits (B, max_new_tokens, vocab_size)].
         """
-        block_size = self.config.block_size
-        check_token_ids("idx", idx, self.config.vocab_size)
-        caches, all_logits = None, []
-        for _ in range(max_new_tokens):
-            if not use_cache:
-                h, _ = self._hidden(idx[:, -block_size:], checked=True)
-            elif caches is None or len(caches[0]) + 1 > block_size:
-                caches = self.new_caches()  # (re)fill the cache with the visible window
-                h, _ = self._hidden(idx[:, -block_size:], caches, checked=True)
-            else:
-                h, _ = self._hidden(idx[:, -1:], caches, checked=True)
-            logits = output_in_fp32(self.lm_head, h[:, -1, :])  # (B, vocab_size): only the last position is needed
-            all_logits.append(logits)
-            next_id = sample_next_token(logits, temperature, top_k, top_p, generator)  # (B,)
-            idx = torch.cat([idx, next_id[:, None]], dim=1)
+        _validate_token_ids("idx", idx, self.config.vocab_size)
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+        mask = None if attention_mask is None else _validate_attention_mask(attention_mask, *idx.shape)
+        all_logits = []
+        with eval_mode(self):
+            caches = None
+            for _ in range(max_new_tokens):
+                logits, caches = self._next_token_logits(idx, mask, caches if use_cache else None, use_cache)
+                all_logits.append(logits)
+                next_id = sample_next_token(logits, temperature, top_k, top_p, generator)  # (B,)
+                idx = torch.cat([idx, next_id[:, None]], dim=1)
+                if mask is not None:
+                    mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
         if return_logits:
-            return idx, torch.stack(all_logits, dim=1)
+            empty = idx.new_zeros(idx.shape[0], 0, self.config.vocab_size, dtype=torch.float32)
+            return idx, torch.stack(all_logits, dim=1) if all_logits else empty
         return idx
+
+    def _next_token_logits(self, idx: Tensor, mask: Tensor | None, caches: list[KVCache] | None,
+                           use_cache: bool) -> tuple[Tensor, list[KVCache] | None]:
+        """Logits of the next token after ``idx``, feeding only the newest token when the cache allows.
+
+        Shapes: idx (B, T), mask (B, T) or None -> logits (B, vocab_size).
+        """
+        block_size = self.config.block_size
+        if use_cache and caches is not None and len(caches[0]) < block_size:
+            new = idx[:, -1:]  # the cache holds every earlier position of the window
+            window_mask = None if mask is None else mask[:, -(len(caches[0]) + 1):]
+        else:
+            caches = self.new_caches() if use_cache else None  # (re)fill the cache with the visible window
+            new = idx[:, -block_size:]
+            window_mask = None if mask is None else mask[:, -block_size:]
+        h, _ = self._hidden(new, caches, window_mask)
+        return output_in_fp32(self.lm_head, h[:, -1, :]), caches  # only the last position is needed
 
 
 # --------------------------------------------------------------------------- encoder-only
@@ -354,26 +419,19 @@ class EncoderOnlyTransformer(nn.Module):
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
                 need_weights: bool = False) -> Tensor | tuple[Tensor, list[Tensor]]:
-        check_token_ids("input_ids", input_ids, self.vocab_size, self.max_len)
+        _validate_token_ids("input_ids", input_ids, self.vocab_size, self.max_len)
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         x = self.pos(self.word_embed(input_ids)) + self.type_embed(token_type_ids)  # (B, T, d_model)
         x = self.dropout(self.embed_norm(x))
         mask = None
         if attention_mask is not None:
-            if attention_mask.shape != input_ids.shape:
-                raise ValueError(f"attention_mask must have the shape of input_ids {tuple(input_ids.shape)}, "
-                                 f"got {tuple(attention_mask.shape)}")
-            mask = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T)
-        weights = []
-        for layer in self.layers:
-            x = layer(x, mask=mask, need_weights=need_weights)
-            if need_weights:
-                x, w = x
-                weights.append(w)
+            mask = _validate_attention_mask(attention_mask, *input_ids.shape)[:, None, None, :]  # (B, 1, 1, T)
+        x, weights = run_layers(self.layers, x, need_weights, mask=mask)
         return (x, weights) if need_weights else x
 
     @torch.no_grad()
     def attention_maps(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> list[Tensor]:
-        """Shapes: input_ids (B, T) -> n_layers x (B, n_heads, T, T)."""
-        return self(input_ids, attention_mask, need_weights=True)[1]
+        """Attention weights of every layer, in eval mode. Shapes: input_ids (B, T) -> n_layers x (B, n_heads, T, T)."""
+        with eval_mode(self):
+            return self(input_ids, attention_mask, need_weights=True)[1]

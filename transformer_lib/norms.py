@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._checks import check_tensor
+from ._validate import _validate_tensor
 
 
 class LayerNorm(nn.Module):
@@ -33,7 +33,7 @@ class LayerNorm(nn.Module):
         self.bias = nn.Parameter(torch.zeros(d)) if bias else None
 
     def forward(self, x: Tensor) -> Tensor:
-        check_tensor("x", x, floating=True, last_dim=self.d)
+        _validate_tensor("x", x, floating=True, last_dim=self.d)
         if self.fused:
             return F.layer_norm(x, (self.d,), self.weight, self.bias, self.eps)
         mean = x.mean(dim=-1, keepdim=True)  # (..., 1)
@@ -61,13 +61,16 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(d))
 
     def forward(self, x: Tensor) -> Tensor:
-        check_tensor("x", x, floating=True, last_dim=self.d)
+        _validate_tensor("x", x, floating=True, last_dim=self.d)
         if self.fused:
             return F.rms_norm(x, (self.d,), self.weight, self.eps)
         return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps) * self.weight
 
     def extra_repr(self) -> str:
         return f"{self.d}, eps={self.eps}, fused={self.fused}"
+
+
+NORMS = ("layernorm", "rmsnorm")
 
 
 def make_norm(kind: str, d: int, eps: float | None = None, bias: bool = True, fused: bool = False) -> nn.Module:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ._checks import check_tensor
+from ._validate import _validate_tensor
 
 
 def sinusoidal_encoding(max_len: int, d_model: int, base: float = 10000.0) -> Tensor:
@@ -32,23 +32,43 @@ def sinusoidal_encoding(max_len: int, d_model: int, base: float = 10000.0) -> Te
     return pe.float()
 
 
+def _position_ids(T: int, offset: int, positions: Tensor | None, max_len: int, owner: str) -> Tensor | slice:
+    """Which rows of a (max_len, ...) table the T tokens read: ``offset .. offset + T - 1``, or ``positions``.
+
+    Shapes: positions (T,) or (B, T) integer -> the same; without positions, a slice of length T.
+    """
+    if positions is None:
+        if offset + T > max_len:
+            raise ValueError(f"sequence positions up to {offset + T} exceed max_len={max_len} of {owner}")
+        return slice(offset, offset + T)
+    _validate_tensor("positions", positions, ndim=(1, 2))
+    if positions.is_floating_point() or positions.dtype == torch.bool or positions.shape[-1] != T:
+        raise ValueError(f"positions must be integer positions of shape (T,) or (B, T) with T={T}, "
+                         f"got dtype {positions.dtype}, shape {tuple(positions.shape)}")
+    if positions.numel() and (int(positions.min()) < 0 or int(positions.max()) >= max_len):
+        raise ValueError(f"positions must lie in [0, {max_len}) for {owner}, "
+                         f"got values from {int(positions.min())} to {int(positions.max())}")
+    return positions
+
+
 class _AddPositions(nn.Module):
-    """Shared forward: x + P[offset : offset + T], with a clear error past ``max_len``."""
+    """Shared forward: x + P[offset : offset + T] (or P[positions]), with a clear error past ``max_len``."""
 
     max_len: int
     d_model: int
 
-    def positions(self, T: int, offset: int) -> Tensor:
+    def table(self) -> Tensor:
+        """The (max_len, d_model) table of position vectors."""
         raise NotImplementedError
 
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
-        """Shapes: x (B, T, d_model) -> (B, T, d_model)."""
-        check_tensor("x", x, ndim=3, floating=True, last_dim=self.d_model)
-        T = x.shape[1]
-        if offset + T > self.max_len:
-            raise ValueError(f"sequence positions up to {offset + T} exceed max_len={self.max_len} "
-                             f"of {type(self).__name__}")
-        return x + self.positions(T, offset)
+    def forward(self, x: Tensor, offset: int = 0, positions: Tensor | None = None) -> Tensor:
+        """Add each token's position vector. ``positions`` (T,) or (B, T) overrides the contiguous ``offset``.
+
+        Shapes: x (B, T, d_model) -> (B, T, d_model).
+        """
+        _validate_tensor("x", x, ndim=3, floating=True, last_dim=self.d_model)
+        rows = _position_ids(x.shape[1], offset, positions, self.max_len, type(self).__name__)
+        return x + self.table()[rows]  # (T, d_model) or (B, T, d_model), broadcast over B
 
 
 class SinusoidalPositionalEncoding(_AddPositions):
@@ -59,8 +79,8 @@ class SinusoidalPositionalEncoding(_AddPositions):
         self.d_model, self.max_len = d_model, max_len
         self.register_buffer("pe", sinusoidal_encoding(max_len, d_model, base), persistent=False)
 
-    def positions(self, T: int, offset: int) -> Tensor:
-        return self.pe[offset: offset + T]  # (T, d_model)
+    def table(self) -> Tensor:
+        return self.pe
 
 
 class LearnedPositionalEmbedding(_AddPositions):
@@ -71,8 +91,8 @@ class LearnedPositionalEmbedding(_AddPositions):
         self.d_model, self.max_len = d_model, max_len
         self.weight = nn.Parameter(torch.randn(max_len, d_model) * 0.02)
 
-    def positions(self, T: int, offset: int) -> Tensor:
-        return self.weight[offset: offset + T]  # (T, d_model)
+    def table(self) -> Tensor:
+        return self.weight
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -80,7 +100,7 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
     As complex numbers, (x[2i] + i x[2i+1]) * e^{i theta}.
 
-    Shapes: x (..., T, d_head), cos/sin (T, d_head / 2) -> (..., T, d_head).
+    Shapes: x (..., T, d_head), cos/sin broadcastable to (..., T, d_head / 2) -> (..., T, d_head).
     """
     x1, x2 = x[..., 0::2], x[..., 1::2]  # (..., T, d_head/2) each
     rotated = torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)  # (..., T, d_head/2, 2)
@@ -108,9 +128,14 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", angles.cos().float(), persistent=False)
         self.register_buffer("sin", angles.sin().float(), persistent=False)
 
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
-        check_tensor("x", x, floating=True, last_dim=self.d_head)
-        T = x.shape[-2]
-        if offset + T > self.max_len:
-            raise ValueError(f"sequence positions up to {offset + T} exceed max_len={self.max_len} of RotaryEmbedding")
-        return apply_rotary(x, self.cos[offset: offset + T], self.sin[offset: offset + T])
+    def forward(self, x: Tensor, offset: int = 0, positions: Tensor | None = None) -> Tensor:
+        """Rotate by positions ``offset .. offset + T - 1``, or by ``positions`` (T,) or (B, T) when given.
+
+        Shapes: x (B, n_heads, T, d_head) -> (B, n_heads, T, d_head).
+        """
+        _validate_tensor("x", x, floating=True, last_dim=self.d_head)
+        rows = _position_ids(x.shape[-2], offset, positions, self.max_len, "RotaryEmbedding")
+        cos, sin = self.cos[rows], self.sin[rows]  # (T, d_head/2) or (B, T, d_head/2)
+        if cos.dim() == 3:
+            cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, d_head/2): the same angle in every head
+        return apply_rotary(x, cos, sin)

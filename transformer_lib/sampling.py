@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._checks import check_tensor
+from ._validate import _validate_tensor
 
 
 def top_k_filter(logits: Tensor, k: int) -> Tensor:
@@ -43,7 +43,7 @@ def sample_next_token(logits: Tensor, temperature: float = 1.0, top_k: int | Non
 
     Shapes: logits (B, V) -> (B,) long.
     """
-    check_tensor("logits", logits, ndim=2, floating=True)
+    _validate_tensor("logits", logits, ndim=2, floating=True)
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     if temperature == 0:

@@ -27,8 +27,12 @@ ORDINALS = ("", "first", "second", "third", "fourth", "fifth", "sixth", "seventh
 DAYS_IN_MONTH = (31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
 
 
-class CharTokenizer:
-    """Characters to ids, with ``<pad>`` = 0, ``<bos>`` = 1, ``<eos>`` = 2 before the characters."""
+class Seq2SeqTokenizer:
+    """Characters to ids for the sequence-to-sequence tasks, with ``<pad>`` = 0, ``<bos>`` = 1, ``<eos>`` = 2
+    before the characters. (:class:`transformer_lib.text.CharTokenizer` is the plain one, without specials.)
+
+    Defined in chapter 6, Encoder-decoder.
+    """
 
     def __init__(self, alphabet: str) -> None:
         self.itos = [*SPECIALS, *sorted(set(alphabet))]
@@ -128,7 +132,7 @@ class Seq2SeqData:
     """
 
     pairs: list[tuple[str, str]]
-    tokenizer: CharTokenizer
+    tokenizer: Seq2SeqTokenizer
 
     def batch(self, pairs: Sequence[tuple[str, str]]) -> tuple[Tensor, Tensor]:
         """Shapes: -> src (B, S), tgt (B, T + 2)."""

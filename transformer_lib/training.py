@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from .precision import autocast_dtype
 from .utils import get_device
 
 Batch = Any
@@ -72,24 +73,6 @@ def make_optimizer(model: nn.Module, lr: float, weight_decay: float, betas: tupl
     # One fused kernel for the whole update instead of a dozen per parameter (CUDA, and CPU since torch 2.4).
     fused = device is not None and device.type in ("cuda", "cpu")
     return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=fused)
-
-
-def autocast_dtype(device: torch.device) -> torch.dtype | None:
-    """The reduced precision that speeds training up on ``device``, or None to stay in fp32.
-
-    CUDA: bf16 where the GPU has it, else fp16 (with loss scaling). CPU: bf16 only on
-    processors that multiply bf16 matrices in hardware (AVX512-BF16 or AMX, e.g. recent
-    Xeon and EPYC; on a Zen 4 EPYC chapter 7's matmuls ran 2.5x faster in bf16), elsewhere
-    bf16 is emulated and slower. Under autocast only the matrix multiplies run in bf16 (with fp32
-    accumulation); weights, norms, the residual stream and the loss stay in fp32.
-    """
-    if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    if device.type == "cpu":
-        native = (getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()
-                  or getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
-        return torch.bfloat16 if native else None
-    return None
 
 
 def default_loss(model: nn.Module, batch: Batch) -> Tensor:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -69,3 +70,17 @@ def count_parameters(model: nn.Module, trainable_only: bool = True) -> int:
         seen.add(id(p))
         total += p.numel()
     return total
+
+
+@contextmanager
+def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """Run a block with ``model`` in eval mode (no dropout), then restore the caller's mode.
+
+    Every inference entry point (generation, decoding, attention maps) uses it.
+    """
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)

@@ -40,24 +40,24 @@ class Norm(nn.Module):
 
 
 class SelfAttention(nn.Module):
-    def __init__(self, d: int, n_head: int, bias: bool) -> None:
+    def __init__(self, d: int, n_heads: int, bias: bool) -> None:
         super().__init__()
-        self.n_head = n_head
+        self.n_heads = n_heads
         self.c_attn = nn.Linear(d, 3 * d, bias=bias)
         self.c_proj = nn.Linear(d, d, bias=bias)
 
     def forward(self, x):
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        q, k, v = (t.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2) for t in (q, k, v))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
 
 
 class Block(nn.Module):
-    def __init__(self, d: int, n_head: int, bias: bool) -> None:
+    def __init__(self, d: int, n_heads: int, bias: bool) -> None:
         super().__init__()
-        self.ln_1, self.attn = Norm(d, bias), SelfAttention(d, n_head, bias)
+        self.ln_1, self.attn = Norm(d, bias), SelfAttention(d, n_heads, bias)
         self.ln_2 = Norm(d, bias)
         self.mlp = nn.Sequential(nn.Linear(d, 4 * d, bias=bias), nn.GELU(), nn.Linear(4 * d, d, bias=bias))
 
@@ -67,10 +67,10 @@ class Block(nn.Module):
 
 
 class ReferenceGPT(nn.Module):
-    def __init__(self, vocab_size: int, block_size: int, n_layer: int, n_head: int, d: int, bias: bool) -> None:
+    def __init__(self, vocab_size: int, block_size: int, n_layers: int, n_heads: int, d: int, bias: bool) -> None:
         super().__init__()
         self.wte, self.wpe = nn.Embedding(vocab_size, d), nn.Embedding(block_size, d)
-        self.blocks = nn.ModuleList(Block(d, n_head, bias) for _ in range(n_layer))
+        self.blocks = nn.ModuleList(Block(d, n_heads, bias) for _ in range(n_layers))
         self.ln_f = Norm(d, bias)
         self.lm_head = nn.Linear(d, vocab_size, bias=False)
         self.wte.weight = self.lm_head.weight
@@ -81,19 +81,19 @@ class ReferenceGPT(nn.Module):
                     nn.init.zeros_(m.bias)
         for block in self.blocks:
             for p in (block.attn.c_proj.weight, block.mlp[2].weight):
-                nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * n_layer))
+                nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * n_layers))
 
     @torch.no_grad()
     def copy_from(self, gpt: nn.Module) -> ReferenceGPT:
         """Take the weights of a library :class:`~transformer_lib.models.GPT` of the same shape (``bias=False``,
         learned positions), so that both models start from the same point. ``c_attn`` is q, k, v stacked."""
         c = gpt.config
-        mine = (self.wte.num_embeddings, self.wpe.num_embeddings, len(self.blocks), self.blocks[0].attn.n_head,
+        mine = (self.wte.num_embeddings, self.wpe.num_embeddings, len(self.blocks), self.blocks[0].attn.n_heads,
                 self.wte.embedding_dim)
-        theirs = (c.vocab_size, c.block_size, c.n_layer, c.n_head, c.d_model)
+        theirs = (c.vocab_size, c.block_size, c.n_layers, c.n_heads, c.d_model)
         if c.bias or c.positional != "learned" or c.activation != "gelu" or c.norm != "layernorm" or mine != theirs:
             raise ValueError(f"need a GPT with bias=False, learned positions, gelu, layernorm and (vocab_size, "
-                             f"block_size, n_layer, n_head, d_model) = {mine}; got {c}")
+                             f"block_size, n_layers, n_heads, d_model) = {mine}; got {c}")
         self.wte.weight.copy_(gpt.tok_emb.weight)
         self.wpe.weight.copy_(gpt.pos.weight)
         for mine, theirs in zip(self.blocks, gpt.blocks):

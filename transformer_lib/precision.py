@@ -1,0 +1,58 @@
+"""What runs in reduced precision and what stays in fp32 (chapters 7 and 8).
+
+Under autocast the matrix multiplies of the projections and the feed-forward run in bf16
+(or fp16 on GPUs without bf16) with fp32 accumulation; the weights, the norms, the residual
+stream, the attention core on the CPU, the output logits and the loss stay in fp32.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def autocast_dtype(device: torch.device) -> torch.dtype | None:
+    """The reduced precision that speeds training up on ``device``, or None to stay in fp32.
+
+    CUDA: bf16 where the GPU has it, else fp16 (with loss scaling). CPU: bf16 only on
+    processors that multiply bf16 matrices in hardware (AVX512-BF16 or AMX, e.g. recent
+    Xeon and EPYC; on a Zen 4 EPYC chapter 7's matmuls ran 2.5x faster in bf16), elsewhere
+    bf16 is emulated and slower.
+    """
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if device.type == "cpu":
+        native = (getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()
+                  or getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
+        return torch.bfloat16 if native else None
+    return None
+
+
+def output_in_fp32(head: nn.Linear, h: Tensor) -> Tensor:
+    """``head(h)``, in fp32 even under autocast.
+
+    bf16 logits keep about 3 significant digits; rounding every logit adds noise that raises
+    the cross-entropy on average, so the output projection (small: d_model x vocab) stays fp32.
+
+    Shapes: h (..., d_model) -> logits (..., vocab_size).
+    """
+    if torch.is_autocast_enabled(h.device.type):
+        with torch.autocast(h.device.type, enabled=False):
+            return head(h.float())
+    return head(h)
+
+
+def fused_attention(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> Tensor:
+    """``F.scaled_dot_product_attention``, in fp32 when bf16 inputs are on the CPU.
+
+    PyTorch's CPU attention kernels are slower in bf16 than in fp32 (the backward about 4x
+    at chapter 7's sizes), and attention is a small share of the matrix work, so under
+    CPU autocast the attention itself runs in fp32 and only the projections in bf16.
+
+    Shapes: q (B, n_heads, T_q, d_head), k/v (B, n_heads, T_k, d_head) -> (B, n_heads, T_q, d_head).
+    """
+    if q.device.type == "cpu" and q.dtype == torch.bfloat16:
+        with torch.autocast("cpu", enabled=False):
+            return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), **kwargs).to(q.dtype)
+    return F.scaled_dot_product_attention(q, k, v, **kwargs)
