@@ -1,11 +1,34 @@
 """The checkers accept right answers and name the classic bugs in wrong ones, without crashing."""
 
+import inspect
 import math
+import random
+import typing
 
+import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
-from transformer_lib import exercises as ex
+from transformer_lib import (
+    RotaryEmbedding,
+    causal_mask,
+    padding_mask,
+    prefix_lm_mask,
+    sampling,
+    scaled_dot_product_attention,
+    sinusoidal_encoding,
+)
+from transformer_lib.notebook import exercises as ex
+from transformer_lib.notebook.exercises import (
+    ch01_attention,
+    ch02_masking,
+    ch03_multi_head_attention,
+    ch04_positional_encoding,
+    ch05_norms_and_residuals,
+    ch06_encoder_decoder,
+    ch07_decoder_only,
+)
 
 
 def good_attention(q, k, v, mask=None):
@@ -302,7 +325,7 @@ def test_shift_right_checker():
 
 
 def _decoder_by_hand(layer, x, memory, memory_mask, **bug):
-    return ex._decoder_variant(layer, x, memory, memory_mask, **bug)
+    return ch06_encoder_decoder._decoder_variant(layer, x, memory, memory_mask, **bug)
 
 
 def test_decoder_layer_checker():
@@ -335,7 +358,8 @@ def test_label_smoothing_checker():
     one_hot = torch.nn.functional.one_hot
     for wrong, words in ((lambda t, V, e: one_hot(t, V) + e / V, "sum to more than 1"),
                          (lambda t, V, e: (1 - e) * one_hot(t, V), "sum to less than 1"),
-                         (lambda t, V, e: (1 - e) * one_hot(t, V) + e / (V - 1) * (1 - one_hot(t, V)), "all vocab_size"),
+                         (lambda t, V, e: (1 - e) * one_hot(t, V) + e / (V - 1) * (1 - one_hot(t, V)),
+                          "all vocab_size"),
                          (lambda t, V, e: e * one_hot(t, V) + (1 - e) / V, "swapped")):
         result = ex.check_label_smoothing(wrong)
         assert not result.passed and words in result.text, result.text
@@ -343,3 +367,149 @@ def test_label_smoothing_checker():
     logits, t = torch.randn(4, 7), torch.tensor([0, 3, 6, 2])
     manual = -(good(t, 7, 0.1) * logits.log_softmax(-1)).sum(-1).mean()
     torch.testing.assert_close(manual, torch.nn.functional.cross_entropy(logits, t, label_smoothing=0.1))
+
+
+# ---------------------------------------------------------------- the framework: @checker and the package layout
+
+CHAPTER_CHECKERS = {
+    ch01_attention: {"check_attention", "check_softmax"},
+    ch02_masking: {"check_causal_mask", "check_padding_mask", "check_prefix_lm_mask"},
+    ch03_multi_head_attention: {"check_split_heads", "check_multi_head_attention"},
+    ch04_positional_encoding: {"check_sinusoidal_encoding", "check_rope"},
+    ch05_norms_and_residuals: {"check_layer_norm", "check_rms_norm", "check_pre_ln_block"},
+    ch06_encoder_decoder: {"check_shift_right", "check_decoder_layer", "check_label_smoothing"},
+    ch07_decoder_only: {"check_top_k_filter", "check_top_p_filter"},
+}
+
+# The library's own implementation of each exercise: every checker must accept it.
+REFERENCE_ANSWERS = {
+    "check_attention": scaled_dot_product_attention,
+    "check_softmax": lambda x, t: torch.softmax(x / t, dim=-1),
+    "check_causal_mask": causal_mask,
+    "check_padding_mask": padding_mask,
+    "check_prefix_lm_mask": prefix_lm_mask,
+    "check_split_heads": lambda x, h: x.view(*x.shape[:2], h, -1).transpose(1, 2),
+    "check_multi_head_attention": lambda mha, query, key, value: mha(query, key, value),
+    "check_sinusoidal_encoding": sinusoidal_encoding,
+    "check_rope": lambda x, offset: RotaryEmbedding(x.shape[-1], max_len=64)(x, offset),
+    "check_layer_norm": lambda x, w, b, eps=1e-5: F.layer_norm(x, (x.shape[-1],), w, b, eps),
+    "check_rms_norm": lambda x, w, eps=1e-6: F.rms_norm(x, (x.shape[-1],), w, eps),
+    "check_pre_ln_block": lambda x, sublayer, norm: x + sublayer(norm(x)),
+    "check_shift_right": lambda tgt: (tgt[:, :-1], tgt[:, 1:]),
+    "check_decoder_layer": lambda layer, x, memory, memory_mask: layer(x, memory, memory_mask=memory_mask,
+                                                                       tgt_is_causal=True),
+    "check_label_smoothing": lambda t, V, eps: (1 - eps) * F.one_hot(t, V).float() + eps / V,
+    "check_top_k_filter": sampling.top_k_filter,
+    "check_top_p_filter": sampling.top_p_filter,
+}
+CHECKERS = sorted(REFERENCE_ANSWERS)
+
+
+def test_package_exports_every_chapter_checker():
+    public = set().union(*CHAPTER_CHECKERS.values())
+    assert len(public) == 17 and public == set(REFERENCE_ANSWERS)
+    assert set(ex.__all__) == public | {"Bug", "Checker", "CheckResult", "checker"}
+    for name in public:
+        assert callable(getattr(ex, name)), name
+
+
+@pytest.mark.parametrize("module", CHAPTER_CHECKERS, ids=lambda m: m.__name__.rsplit(".", 1)[-1])
+def test_chapter_module_holds_only_its_chapter_checkers(module):
+    defined = {name for name, value in vars(module).items() if name.startswith("check_") and callable(value)}
+    assert defined == CHAPTER_CHECKERS[module]
+    assert set(module.__all__) == CHAPTER_CHECKERS[module]
+    for name in defined:
+        assert getattr(module, name).__module__ == module.__name__, name  # defined there, not imported
+
+
+@pytest.mark.parametrize("name", CHECKERS)
+def test_checker_keeps_name_docstring_and_answer_signature(name):
+    check = getattr(ex, name)
+    assert check.__name__ == name
+    assert check.__doc__ and check.__doc__.startswith("Check ``"), name
+    (parameter,) = inspect.signature(check).parameters.values()  # the Checker argument is hidden
+    assert parameter.kind is inspect.Parameter.POSITIONAL_ONLY
+    assert parameter.name in check.__doc__, (name, parameter.name)  # the docstring talks about the answer
+    assert typing.get_type_hints(check).keys() == {parameter.name, "return"}
+    assert typing.get_type_hints(check)["return"] is ex.CheckResult
+
+
+@pytest.mark.parametrize("name", CHECKERS)
+def test_checker_accepts_the_library_answer(name, capsys):
+    result = getattr(ex, name)(REFERENCE_ANSWERS[name])
+    assert result.passed, result.text
+    assert result.text.startswith(f"{name}: All ") and result.text in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", CHECKERS)
+def test_checker_refuses_a_non_callable_answer(name, capsys):
+    result = getattr(ex, name)(42)
+    assert not result.passed and not result
+    assert result.text == f"{name}: expected a function, got int"
+    assert capsys.readouterr().out == result.text + "\n"
+
+
+def _draws() -> tuple[torch.Tensor, float, float]:
+    """The next draw of torch's, Python's and NumPy's global random generators."""
+    return torch.rand(3), random.random(), float(np.random.rand())
+
+
+def _consuming(answer):
+    """``answer`` preceded by draws from every global random generator, as a careless answer would do."""
+    def wrapped(*args, **kwargs):
+        _draws()
+        torch.manual_seed(1234)  # reseeding is the worst case: it resets the stream instead of advancing it
+        return answer(*args, **kwargs)
+    return wrapped
+
+
+@pytest.mark.parametrize("right", [True, False], ids=["right answer", "wrong answer"])
+@pytest.mark.parametrize("name", CHECKERS)
+def test_checker_restores_every_global_random_state(name, right):
+    answer = REFERENCE_ANSWERS[name] if right else lambda *args, **kwargs: None
+    torch.manual_seed(0)
+    random.seed(0)
+    np.random.seed(0)
+    before = torch.get_rng_state(), random.getstate(), np.random.get_state()
+    cuda_before = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+
+    result = getattr(ex, name)(_consuming(answer))
+    assert result.passed is right, result.text
+    after = _draws()
+    cuda_after = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+
+    torch.set_rng_state(before[0])
+    random.setstate(before[1])
+    np.random.set_state(before[2])
+    expected = _draws()
+    assert torch.equal(after[0], expected[0]), "torch's global random state changed"
+    assert after[1] == expected[1], "Python's random state changed"
+    assert after[2] == expected[2], "NumPy's global random state changed"
+    if cuda_before is not None:
+        assert all(torch.equal(a, b) for a, b in zip(cuda_after, cuda_before, strict=True)), "a CUDA state changed"
+
+
+def test_checker_decorator_builds_a_public_checker(capsys):
+    calls = []
+
+    @ex.checker
+    def check_double(c: ex.Checker, double) -> None:
+        """Check ``double(x) -> 2 x``."""
+        calls.append(double)
+        c.case("x = 3", lambda: double(torch.tensor(3.0)), torch.tensor(6.0),
+               bugs=(ex.Bug(lambda: torch.tensor(9.0), "you squared x."),), hint="return 2 * x.")
+
+    assert check_double.__name__ == "check_double" and check_double.__doc__ == "Check ``double(x) -> 2 x``."
+    assert str(inspect.signature(check_double)) == "(double, /) -> 'CheckResult'"
+
+    refused = check_double("2 * x")
+    assert isinstance(refused, ex.CheckResult) and not refused.passed
+    assert refused.text == "check_double: expected a function, got str" and not calls  # the cases never ran
+    assert capsys.readouterr().out == "check_double: expected a function, got str\n"
+
+    assert check_double(lambda x: 2 * x).text == "check_double: All 1 checks passed.\n  ✅ x = 3"
+    squared = check_double(lambda x: x ** 2)
+    assert not squared.passed and "Hint: you squared x." in squared.text and "1 of 1 checks failed" in squared.text
+    crashed = check_double(lambda x: x.missing())
+    assert "raised AttributeError" in crashed.text and "Hint: return 2 * x." in crashed.text
+    assert len(calls) == 3

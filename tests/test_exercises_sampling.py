@@ -1,6 +1,6 @@
 import torch
 
-from transformer_lib import exercises as ex
+from transformer_lib.notebook import exercises as ex
 
 
 def good_top_k(logits, k):
@@ -10,10 +10,10 @@ def good_top_k(logits, k):
 
 def test_top_k_checker():
     assert ex.check_top_k_filter(good_top_k).passed
-    assert "not 0" in ex.check_top_k_filter(lambda l, k: good_top_k(l, k).nan_to_num(neginf=0.0)).text
-    flipped = ex.check_top_k_filter(lambda l, k: l.masked_fill(~torch.isinf(good_top_k(l, k)), float("-inf")))
+    assert "not 0" in ex.check_top_k_filter(lambda x, k: good_top_k(x, k).nan_to_num(neginf=0.0)).text
+    flipped = ex.check_top_k_filter(lambda x, k: x.masked_fill(~torch.isinf(good_top_k(x, k)), float("-inf")))
     assert not flipped.passed
-    assert "min(k" in ex.check_top_k_filter(lambda l, k: l.masked_fill(l < l.topk(k, -1).values[..., -1:],
+    assert "min(k" in ex.check_top_k_filter(lambda x, k: x.masked_fill(x < x.topk(k, -1).values[..., -1:],
                                                                           float("-inf"))).text
 
 
@@ -32,6 +32,6 @@ def test_top_p_checker():
     assert ex.check_top_p_filter(good).passed
     result = ex.check_top_p_filter(crosses)
     assert not result.passed and "makes the total cross p" in result.text
-    unsorted = ex.check_top_p_filter(lambda l, p: l.masked_fill(l.softmax(-1).cumsum(-1) - l.softmax(-1) >= p,
+    unsorted = ex.check_top_p_filter(lambda x, p: x.masked_fill(x.softmax(-1).cumsum(-1) - x.softmax(-1) >= p,
                                                                 float("-inf")))
     assert "sort the probabilities" in unsorted.text
