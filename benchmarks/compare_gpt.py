@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from transformer_lib import count_parameters, get_device, set_seed
-from transformer_lib.benchmark import ReferenceGPT, train_side_by_side
+from transformer_lib.notebook.benchmark import ReferenceGPT, train_side_by_side
 from transformer_lib.text import random_blocks
 from transformer_lib.training import Trainer
 

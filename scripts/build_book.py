@@ -72,7 +72,7 @@ def main(argv: list[str]) -> int:
     cmd = [jupyter_book(), "build", ".", "-W", "-n", "--keep-going", *(["--all"] if fresh else []), *extra]
     print("build_book:", " ".join(cmd), flush=True)
     start = time.perf_counter()
-    # The chapters' widgets precompute their views for the HTML page (transformer_lib.widgets).
+    # The chapters' widgets precompute their views for the HTML page (transformer_lib.notebook.widgets).
     env = {**os.environ, "TRANSFORMER_BOOK_BUILD": "1", "TQDM_DISABLE": "1"}  # no progress bars in pages
     rc = subprocess.call(cmd, cwd=ROOT, env=env)
     seconds = time.perf_counter() - start

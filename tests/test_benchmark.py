@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from transformer_lib import GPT, GPTConfig
-from transformer_lib.benchmark import ReferenceGPT, mean_loss, op_time_shares, reference_optimizer, train_side_by_side
+from transformer_lib.notebook.benchmark import ReferenceGPT, mean_loss, op_time_shares, reference_optimizer, train_side_by_side
 from transformer_lib.text import random_blocks
 from transformer_lib.training import TrainConfig, Trainer
 

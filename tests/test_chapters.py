@@ -9,7 +9,7 @@ import nbformat
 import pytest
 import yaml
 
-from transformer_lib import exercises
+from transformer_lib.notebook import exercises
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAPTERS = sorted((ROOT / "chapters").glob("[0-9][0-9]_*.ipynb"))

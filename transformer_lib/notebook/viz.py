@@ -91,7 +91,7 @@ def offline_html(html: str) -> str:
     if n_tags != 1 or match is None or config is None:
         raise RuntimeError(
             "bertviz's HTML layout changed (expected a require.js <script> tag and a "
-            "require.config({paths: ...}) block); update transformer_lib.viz.offline_html"
+            "require.config({paths: ...}) block); update transformer_lib.notebook.viz.offline_html"
         )
     cdn = {m.group("name"): m.group("url") for m in _PATH_ENTRY.finditer(config.group("body"))}
     missing = set(cdn) - set(LOCAL_MODULES)
