@@ -146,7 +146,10 @@ class Seq2SeqTransformer(nn.Module):
 
 @dataclass(frozen=True)
 class GPTConfig:
-    """Hyper-parameters of :class:`GPT`, checked when made and immutable after (use ``dataclasses.replace``).
+    """Hyper-parameters of :class:`GPT`, checked when made and immutable after.
+
+    For a variant use ``dataclasses.replace(config, ...)``; it keeps the derived ``d_ff``,
+    ``n_kv_heads`` and ``norm_eps`` unless you pass them as None to derive them again.
 
     ``positional``: "learned" | "sinusoidal" | "rope" | "none"; ``norm``: "layernorm" | "rmsnorm";
     ``activation``: "gelu" | "gelu_tanh" | "relu" | "swiglu". ``d_ff`` defaults to ``4 d_model``
@@ -210,8 +213,9 @@ class GPTConfig:
                 raise ValueError(f"GPTConfig.{name} must be a finite number, got {value!r}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"GPTConfig.dropout must be in [0, 1), got {self.dropout!r}")
-        if self.rope_base <= 0 or self.norm_eps <= 0:
-            raise ValueError(f"GPTConfig.rope_base and norm_eps must be > 0, got {self.rope_base!r}, {self.norm_eps!r}")
+        for name in ("rope_base", "norm_eps"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"GPTConfig.{name} must be > 0, got {getattr(self, name)!r}")
         for name in ("bias", "norm_first", "tie_weights", "fused_norms"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"GPTConfig.{name} must be True or False, got {getattr(self, name)!r}")
