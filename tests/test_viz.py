@@ -1,4 +1,4 @@
-"""transformer_lib.viz: bertviz views rewritten to render offline (the browser check is in test_book.py)."""
+"""transformer_lib.notebook.viz: bertviz views rewritten to render offline (the browser check is in test_book.py)."""
 from __future__ import annotations
 
 import re
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 pytest.importorskip("bertviz")
-from transformer_lib import viz  # noqa: E402
+from transformer_lib.notebook import viz  # noqa: E402
 
 TOKENS = ["the", "cat", "sat"]
 

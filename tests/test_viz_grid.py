@@ -1,4 +1,4 @@
-"""transformer_lib.viz.plot_attention_grid: the layers x heads grid of heatmaps (chapter 3)."""
+"""transformer_lib.notebook.plots.plot_attention_grid: the layers x heads grid of heatmaps (chapter 3)."""
 from __future__ import annotations
 
 import matplotlib
@@ -10,7 +10,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from transformer_lib import viz  # noqa: E402
+from transformer_lib.notebook import plots  # noqa: E402
 
 TOKENS = ["the", "cat", "sat", "down"]
 
@@ -26,7 +26,7 @@ def _heatmaps(fig):
 
 def test_one_panel_per_layer_and_head_with_the_weights_and_labels():
     maps = _maps()
-    fig = viz.plot_attention_grid(maps, TOKENS, title="grid")
+    fig = plots.plot_attention_grid(maps, TOKENS, title="grid")
     panels = _heatmaps(fig)
     assert len(panels) == 2 * 3
     assert panels[0].get_title() == "layer 0, head 0" and panels[-1].get_title() == "layer 1, head 2"
@@ -39,7 +39,7 @@ def test_one_panel_per_layer_and_head_with_the_weights_and_labels():
 
 def test_subsets_batch_index_highlight_and_numpy_input():
     maps = _maps(n_layers=3, B=2)
-    fig = viz.plot_attention_grid([m.numpy() for m in maps], TOKENS, layers=[2], heads=[0, 2], batch_index=1,
+    fig = plots.plot_attention_grid([m.numpy() for m in maps], TOKENS, layers=[2], heads=[0, 2], batch_index=1,
                                   highlight=[(2, 2)], vmax=None)
     panels = _heatmaps(fig)
     assert [p.get_title() for p in panels] == ["layer 2, head 0", "layer 2, head 2"]
@@ -51,22 +51,22 @@ def test_subsets_batch_index_highlight_and_numpy_input():
 
 def test_cross_attention_and_a_single_layer_tensor():
     cross = _maps(n_layers=1, T_q=2, T_k=4)[0][0]  # (n_heads, T_q, T_k): one layer, no batch axis
-    fig = viz.plot_attention_grid(cross, ["a", "b"], TOKENS)
+    fig = plots.plot_attention_grid(cross, ["a", "b"], TOKENS)
     panels = _heatmaps(fig)
     assert len(panels) == 3 and panels[0].images[0].get_array().shape == (2, 4)
     plt.close(fig)
 
 
 @pytest.mark.parametrize("call, error, words", [
-    (lambda: viz.plot_attention_grid(_maps(), TOKENS[:3]), ValueError, "4 positions but 3 tokens"),
-    (lambda: viz.plot_attention_grid(_maps(T_q=2), ["a", "b"]), ValueError, "pass tokens_k"),
-    (lambda: viz.plot_attention_grid([torch.rand(4, 4)], TOKENS), ValueError, "(n_heads, T_q, T_k)"),
-    (lambda: viz.plot_attention_grid(_maps(), TOKENS, heads=[3]), ValueError, "heads"),
-    (lambda: viz.plot_attention_grid(_maps(), TOKENS, layers=[]), ValueError, "layers"),
-    (lambda: viz.plot_attention_grid(_maps(B=1), TOKENS, batch_index=1), ValueError, "batch_index"),
-    (lambda: viz.plot_attention_grid([torch.ones(1, 2, 4, 4, dtype=torch.long)], TOKENS), TypeError, "floating"),
-    (lambda: viz.plot_attention_grid([], TOKENS), TypeError, "non-empty"),
-    (lambda: viz.plot_attention_grid(_maps() + _maps(T_q=3, T_k=3), TOKENS), ValueError, "same (T_q, T_k)"),
+    (lambda: plots.plot_attention_grid(_maps(), TOKENS[:3]), ValueError, "4 positions but 3 tokens"),
+    (lambda: plots.plot_attention_grid(_maps(T_q=2), ["a", "b"]), ValueError, "pass tokens_k"),
+    (lambda: plots.plot_attention_grid([torch.rand(4, 4)], TOKENS), ValueError, "(n_heads, T_q, T_k)"),
+    (lambda: plots.plot_attention_grid(_maps(), TOKENS, heads=[3]), ValueError, "heads"),
+    (lambda: plots.plot_attention_grid(_maps(), TOKENS, layers=[]), ValueError, "layers"),
+    (lambda: plots.plot_attention_grid(_maps(B=1), TOKENS, batch_index=1), ValueError, "batch_index"),
+    (lambda: plots.plot_attention_grid([torch.ones(1, 2, 4, 4, dtype=torch.long)], TOKENS), TypeError, "floating"),
+    (lambda: plots.plot_attention_grid([], TOKENS), TypeError, "non-empty"),
+    (lambda: plots.plot_attention_grid(_maps() + _maps(T_q=3, T_k=3), TOKENS), ValueError, "same (T_q, T_k)"),
 ])
 def test_bad_input_names_what_was_expected(call, error, words):
     with pytest.raises(error, match=None) as info:

@@ -18,6 +18,22 @@ AttentionLike = Sequence[torch.Tensor | np.ndarray] | torch.Tensor | np.ndarray
 
 __all__ = ["LivePlot", "plot_attention_grid", "plot_history"]
 
+
+def _validate_tokens(tokens: Sequence[str] | None, n: int, what: str) -> list[str] | None:
+    """Token labels for n positions, as strings; a clear error when the count differs."""
+    if tokens is None:
+        return None
+    tokens = [str(t) for t in tokens]
+    if len(tokens) != n:
+        raise ValueError(f"{what}: attention covers {n} positions but {len(tokens)} tokens were given")
+    return tokens
+
+
+def _grid_layers(maps: AttentionLike, batch_index: int) -> list[torch.Tensor]:
+    """A list over layers of ``(n_heads, T_q, T_k)`` float tensors on the CPU."""
+    if isinstance(maps, (torch.Tensor, np.ndarray)):
+        maps = [maps]
+    if not isinstance(maps, Sequence) or isinstance(maps, str) or len(maps) == 0:
         raise TypeError(f"maps: expected a non-empty list over layers of tensors, got {type(maps).__name__}")
     layers = []
     for i, a in enumerate(maps):
@@ -84,8 +100,8 @@ def plot_attention_grid(
 
     all_layers = _grid_layers(maps, batch_index)
     T_q, T_k = all_layers[0].shape[-2:]
-    tokens_q = _check_tokens(tokens_q, T_q, "tokens_q")
-    tokens_k = tokens_q if tokens_k is None else _check_tokens(tokens_k, T_k, "tokens_k")
+    tokens_q = _validate_tokens(tokens_q, T_q, "tokens_q")
+    tokens_k = tokens_q if tokens_k is None else _validate_tokens(tokens_k, T_k, "tokens_k")
     if tokens_q is None or tokens_k is None:
         raise ValueError("tokens_q: required (one string per query position)")
     if len(tokens_k) != T_k:

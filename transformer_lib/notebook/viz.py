@@ -29,6 +29,8 @@ import numpy as np
 import torch
 from IPython.display import HTML, display as ipy_display
 
+from .plots import AttentionLike, _validate_tokens
+
 __all__ = ["head_view", "model_view", "offline_html"]
 
 #: Where scripts/vendor_js.py puts the vendored npm packages, relative to ``_static``.
@@ -36,8 +38,6 @@ VENDOR_DIR = "npm/"
 #: Local file (without ``.js``, as require.js wants it) for each module bertviz loads.
 LOCAL_MODULES = {"d3": "d3/d3.min", "jquery": "jquery/jquery.min"}
 REQUIRE_CDN = "https://cdnjs.cloudflare.com/ajax/libs/require.js/2.3.6/require.min.js"
-
-AttentionLike = Sequence[torch.Tensor | np.ndarray] | torch.Tensor | np.ndarray
 
 _REQUIRE_TAG = re.compile(r"<script\s+src=\"[^\"]*require(?:\.min)?\.js\"\s*>\s*</script>")
 _SCRIPT = re.compile(r"<script type=\"text/javascript\">\n(?P<js>.*)\n</script>\s*$", re.S)
@@ -154,15 +154,6 @@ def _layers(attention: AttentionLike, name: str, batch_index: int, decimals: int
     return layers
 
 
-def _check_tokens(tokens: Sequence[str] | None, n: int, what: str) -> list[str] | None:
-    if tokens is None:
-        return None
-    tokens = [str(t) for t in tokens]
-    if len(tokens) != n:
-        raise ValueError(f"{what}: attention covers {n} positions but {len(tokens)} tokens were given")
-    return tokens
-
-
 def _prepare(
     attention: AttentionLike | None,
     tokens: Sequence[str] | None,
@@ -180,7 +171,7 @@ def _prepare(
             raise ValueError(f"attention: self-attention must be square, got T_q={T_q}, T_k={T_k}; "
                              "use encoder_attention/decoder_attention/cross_attention")
         args["attention"] = layers
-        args["tokens"] = _check_tokens(tokens, T_q, "tokens")
+        args["tokens"] = _validate_tokens(tokens, T_q, "tokens")
         return args
     enc_tokens, dec_tokens = args.get("encoder_tokens"), args.get("decoder_tokens")
     found = False
@@ -192,14 +183,14 @@ def _prepare(
         raise ValueError("give attention (self-attention model) or encoder_attention/decoder_attention/cross_attention")
     if args.get("encoder_attention") is not None:
         T = args["encoder_attention"][0].shape[-1]
-        args["encoder_tokens"] = _check_tokens(enc_tokens, T, "encoder_tokens")
+        args["encoder_tokens"] = _validate_tokens(enc_tokens, T, "encoder_tokens")
     if args.get("decoder_attention") is not None:
         T = args["decoder_attention"][0].shape[-1]
-        args["decoder_tokens"] = _check_tokens(dec_tokens, T, "decoder_tokens")
+        args["decoder_tokens"] = _validate_tokens(dec_tokens, T, "decoder_tokens")
     if args.get("cross_attention") is not None:
         _, _, T_q, T_k = args["cross_attention"][0].shape
-        args["decoder_tokens"] = _check_tokens(dec_tokens, T_q, "decoder_tokens (cross_attention rows)")
-        args["encoder_tokens"] = _check_tokens(enc_tokens, T_k, "encoder_tokens (cross_attention columns)")
+        args["decoder_tokens"] = _validate_tokens(dec_tokens, T_q, "decoder_tokens (cross_attention rows)")
+        args["encoder_tokens"] = _validate_tokens(enc_tokens, T_k, "encoder_tokens (cross_attention columns)")
     return args
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import base64
 import io
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from .environment import in_book_build
@@ -22,6 +22,16 @@ from .environment import in_book_build
 MAX_FRAMES = 80
 PRECOMPUTED_NOTE = ("<small><i>Precomputed views: the controls switch between pictures drawn when the book was "
                     "built. Run this chapter in Jupyter or Colab to compute them live.</i></small>")
+
+
+def _values(name: str, values: Any) -> list[Any]:
+    """The values of one control as a list; a clear error for a non-list or an empty one."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        raise TypeError(f"controls[{name!r}]: expected a list of values, got {type(values).__name__} {values!r}")
+    values = list(values)
+    if not values:
+        raise ValueError(f"controls[{name!r}]: expected a non-empty list of values, got an empty one")
+    return values
 
 
 def _control(name: str, values: Sequence[Any], value: Any):
@@ -56,12 +66,18 @@ def explore(draw: Callable[..., Any], controls: dict[str, Sequence[Any]], initia
 
     if not callable(draw):
         raise TypeError(f"draw must be a function returning a matplotlib Figure, got {type(draw).__name__}")
-    if not controls or any(len(v) == 0 for v in controls.values()):
-        raise ValueError("controls must map each control name to a non-empty sequence of values")
+    if not isinstance(controls, Mapping):
+        raise TypeError(f"controls: expected a dict of control name -> list of values, got {type(controls).__name__}")
+    if not controls:
+        raise ValueError("controls: expected at least one control (name -> list of values), got an empty dict")
+    controls = {name: _values(name, values) for name, values in controls.items()}
+    unknown = [name for name in (initial or {}) if name not in controls]
+    if unknown:
+        raise ValueError(f"initial: unknown control(s) {unknown}; the controls are {list(controls)}")
     initial = {name: values[0] for name, values in controls.items()} | (initial or {})
     for name, value in initial.items():
-        if name not in controls or value not in controls[name]:
-            raise ValueError(f"initial value {name}={value!r} is not one of the control's values")
+        if value not in controls[name]:
+            raise ValueError(f"initial[{name!r}]: expected one of {controls[name]}, got {value!r}")
     sliders = {name: _control(name, list(values), initial[name]) for name, values in controls.items()}
     live = not in_book_build() if live is None else live
 
