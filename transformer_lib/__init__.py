@@ -1,9 +1,27 @@
 """transformer_lib: the tested PyTorch library that every chapter of the book runs on.
 
-One module per idea: ``attention`` (chapters 1, 3), ``masks`` (2), ``positional`` (4),
-``norms`` (5), ``layers`` (5, 6), ``models`` (6, 7), ``sampling`` (7), ``pretrained``
-(the real all-MiniLM-L6-v2 encoder), ``interop`` (weights from PyTorch's modules),
-``utils`` (device, seeds, parameter counts).
+Two layers. The core is tensors in, tensors out, one module per idea:
+
+- ``attention``: scaled dot-product and multi-head attention, grouped-query attention, the KV cache (chapters 1, 3)
+- ``masks``: causal, padding and prefix-LM masks, combining them (chapter 2)
+- ``positional``: sinusoidal, learned and rotary position encodings (chapter 4)
+- ``norms``: LayerNorm and RMSNorm written out (chapter 5)
+- ``layers``: feed-forward, encoder, decoder and decoder-only layers, Pre-LN and Post-LN (chapters 5, 6)
+- ``models``: the encoder-decoder, GPT and BERT-style models (chapters 6, 7)
+- ``sampling``: greedy, temperature, top-k and top-p (chapter 7)
+- ``decoding``: greedy and beam search for encoder-decoder models (chapter 6)
+- ``training``: the training engine: AdamW groups, schedule, clipping, mixed precision, checkpoints (chapters 4-7)
+- ``precision``: what runs in bf16 and what stays in fp32
+- ``text``: Shakespeare's plays, a character tokenizer, batches from tensors or token files (chapters 5, 7)
+- ``bpe``: byte-level BPE: training, GPT-2 vocab/merges files, special tokens (chapter 7)
+- ``tasks``: synthetic sequence-to-sequence tasks generated in code (chapter 6)
+- ``pretrained``: the real all-MiniLM-L6-v2 encoder, offline (chapters 3, 7)
+- ``interop``: weights from PyTorch's own Transformer modules (chapters 2, 3, 6)
+- ``utils``: device, seeds, parameter counts, timing, eval mode
+- ``_validate``: the input checks every entry point runs once
+
+The notebook layer, ``transformer_lib.notebook``, holds what only the chapters need (exercise
+checkers, widgets, attention views, plots, the speed race); the core never imports it.
 """
 
 from importlib.metadata import PackageNotFoundError, version

@@ -206,6 +206,8 @@ def train_bpe(text: str, vocab_size: int = 512, special_tokens: Iterable[str] = 
     too short to supply enough merges (the vocabulary is then smaller).
 
     Shapes: str -> a tokenizer with ``vocab_size`` ids.
+
+    Defined in chapter 7, Decoder-only.
     """
     tk = _tokenizers()
     if not isinstance(text, str):

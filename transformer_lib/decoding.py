@@ -42,6 +42,8 @@ def greedy_decode(model: Seq2SeqTransformer, src: Tensor, max_len: int, *, bos_i
 
     Shapes: src (B, S) -> (B, <= max_len + 1): ``bos_id`` followed by the generated ids
     (``pad_id`` after a sequence's ``eos_id``).
+
+    Defined in chapter 6, Encoder-decoder.
     """
     pad_id = model.pad_id if pad_id is None else pad_id
     _validate_decoding(model, src, max_len, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
@@ -81,6 +83,8 @@ def beam_search(model: Seq2SeqTransformer, src: Tensor, max_len: int, *, bos_id:
     Finished hypotheses are ranked by log-probability / length**length_penalty.
 
     Shapes: src (B, S) -> (B, <= max_len + 1), like :func:`greedy_decode`.
+
+    Defined in chapter 6, Encoder-decoder.
     """
     pad_id = model.pad_id if pad_id is None else pad_id
     _validate_decoding(model, src, max_len, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)

@@ -20,6 +20,8 @@ def copy_from_torch(ours: nn.Module, theirs: nn.Module) -> nn.Module:
 
     Returns ``ours``. Raises ``TypeError`` for a pair it does not know and
     ``ValueError`` when the sizes differ.
+
+    Defined in chapter 2, Masking.
     """
     if isinstance(ours, MultiHeadAttention) and isinstance(theirs, nn.MultiheadAttention):
         if theirs.embed_dim != ours.d_model or theirs.num_heads != ours.n_heads:

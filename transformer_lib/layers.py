@@ -111,7 +111,7 @@ class DecoderOnlyLayer(EncoderLayer):
 
     Shapes: x (B, T, d_model) -> (B, T, d_model) [, weights (B, n_heads, T, T_k)]
 
-    Defined in chapter 7, Decoder-only.
+    Defined in chapter 5, Norms and residuals.
     """
 
     def forward(self, x: Tensor, mask: Tensor | None = None, need_weights: bool = False, is_causal: bool = True,

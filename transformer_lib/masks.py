@@ -21,6 +21,8 @@ def causal_mask(T_q: int, T_k: int | None = None, device: torch.device | str | N
     sits at absolute position ``T_k - T_q + i``.
 
     Shapes: returns (T_q, T_k) bool.
+
+    Defined in chapter 2, Masking.
     """
     T_k = T_q if T_k is None else T_k
     if T_q < 1 or T_k < T_q:
@@ -34,6 +36,8 @@ def padding_mask(tokens: Tensor, pad_id: int) -> Tensor:
     """True for real tokens, False for padding, ready to broadcast over heads and queries.
 
     Shapes: tokens (B, T) -> (B, 1, 1, T) bool.
+
+    Defined in chapter 2, Masking.
     """
     if not isinstance(tokens, Tensor) or tokens.dim() != 2:
         got = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
@@ -47,6 +51,8 @@ def prefix_lm_mask(T: int, prefix_len: int | Tensor, device: torch.device | str 
     ``prefix_len`` is an int, or a (B,) tensor of per-example prefix lengths.
 
     Shapes: returns (T, T) for an int prefix, (B, 1, T, T) for a tensor of prefixes.
+
+    Defined in chapter 2, Masking.
     """
     j = torch.arange(T, device=device)
     if isinstance(prefix_len, Tensor):
@@ -65,6 +71,8 @@ def combine_masks(*masks: Tensor | None) -> Tensor | None:
     """Allowed only where every mask allows: a broadcasting logical AND; ``None`` entries are skipped.
 
     Shapes: masks broadcastable to each other -> their broadcast shape.
+
+    Defined in chapter 2, Masking.
     """
     result: Tensor | None = None
     for m in masks:

@@ -158,6 +158,8 @@ class GPTConfig:
     1e-5 for LayerNorm and 1e-6 for RMSNorm; ``rope_base`` is RoPE's theta. Hugging Face calls
     these ``num_key_value_heads``, ``layer_norm_epsilon``/``rms_norm_eps``, ``rope_theta`` and
     ``tie_word_embeddings``.
+
+    Defined in chapter 7, Decoder-only.
     """
 
     vocab_size: int
@@ -403,8 +405,6 @@ class EncoderOnlyTransformer(nn.Module):
 
     Shapes: input_ids (B, T), attention_mask (B, T) of 1 for tokens and 0 for padding
         -> (B, T, d_model).
-
-    Defined in chapter 7, Decoder-only (encoder-only models).
     """
 
     def __init__(self, vocab_size: int, max_len: int = 512, d_model: int = 384, n_heads: int = 12,

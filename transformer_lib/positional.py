@@ -72,7 +72,10 @@ class _AddPositions(nn.Module):
 
 
 class SinusoidalPositionalEncoding(_AddPositions):
-    """Adds the fixed sinusoidal encoding; no parameters. Shapes: (B, T, d_model) -> same."""
+    """Adds the fixed sinusoidal encoding; no parameters. Shapes: (B, T, d_model) -> same.
+
+    Defined in chapter 4, Positional encoding.
+    """
 
     def __init__(self, d_model: int, max_len: int = 5000, base: float = 10000.0) -> None:
         super().__init__()
@@ -84,7 +87,10 @@ class SinusoidalPositionalEncoding(_AddPositions):
 
 
 class LearnedPositionalEmbedding(_AddPositions):
-    """Adds a learned vector per absolute position (GPT, BERT). Shapes: (B, T, d_model) -> same."""
+    """Adds a learned vector per absolute position (GPT, BERT). Shapes: (B, T, d_model) -> same.
+
+    Defined in chapter 4, Positional encoding.
+    """
 
     def __init__(self, d_model: int, max_len: int) -> None:
         super().__init__()

@@ -19,6 +19,8 @@ def autocast_dtype(device: torch.device) -> torch.dtype | None:
     processors that multiply bf16 matrices in hardware (AVX512-BF16 or AMX, e.g. recent
     Xeon and EPYC; on a Zen 4 EPYC chapter 7's matmuls ran 2.5x faster in bf16), elsewhere
     bf16 is emulated and slower.
+
+    Defined in chapter 7, Decoder-only.
     """
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16

@@ -52,6 +52,8 @@ def load_minilm(device: torch.device | str = "cpu"):
     Returns ``(model, tokenizer)``: an :class:`EncoderOnlyTransformer` in eval mode whose
     ``model(input_ids, attention_mask=...)`` gives the last hidden states (B, T, 384), and
     a ``transformers`` fast BERT tokenizer (``tokenizer(texts, padding=True, return_tensors="pt")``).
+
+    Defined in chapter 3, Multi-head attention.
     """
     from safetensors.torch import load_file
     from transformers import BertTokenizerFast

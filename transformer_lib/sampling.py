@@ -12,6 +12,8 @@ def top_k_filter(logits: Tensor, k: int) -> Tensor:
     """Keep the ``k`` largest logits of each row, set the others to -inf.
 
     Shapes: logits (B, V) -> (B, V).
+
+    Defined in chapter 7, Decoder-only.
     """
     if not isinstance(k, int) or k < 1:
         raise ValueError(f"top_k must be a positive int, got {k!r}")
@@ -26,6 +28,8 @@ def top_p_filter(logits: Tensor, p: float) -> Tensor:
     The most likely token is always kept.
 
     Shapes: logits (B, V) -> (B, V).
+
+    Defined in chapter 7, Decoder-only.
     """
     if not 0.0 < p <= 1.0:
         raise ValueError(f"top_p must be in (0, 1], got {p!r}")

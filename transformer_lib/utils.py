@@ -48,6 +48,8 @@ def best_time(fn: Callable[[], object], repeats: int = 5) -> float:
     """Seconds taken by the fastest of ``repeats`` calls of ``fn()``, after one warm-up call.
 
     The minimum, not the mean: other work on the machine only ever adds time.
+
+    Defined in chapter 3, Multi-head attention.
     """
     if not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be a positive int, got {repeats!r}")
@@ -61,7 +63,10 @@ def best_time(fn: Callable[[], object], repeats: int = 5) -> float:
 
 
 def count_parameters(model: nn.Module, trainable_only: bool = True) -> int:
-    """Number of parameters of ``model``; tied (shared) tensors are counted once."""
+    """Number of parameters of ``model``; tied (shared) tensors are counted once.
+
+    Defined in chapter 3, Multi-head attention.
+    """
     seen: set[int] = set()
     total = 0
     for p in model.parameters():
