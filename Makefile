@@ -1,6 +1,7 @@
 # Two commands do all the set-up on a fresh clone:
 #   make book   builds the HTML book (virtual environment, packages, vendored JS, executed notebooks)
 #   make test   runs the whole test suite (library, notebooks, book build, pages in headless Chromium)
+# and `make lint` checks the code with ruff (lint and format), as CI does before `make test`.
 SHELL := /bin/bash
 .SHELLFLAGS := -eo pipefail -c
 
@@ -12,8 +13,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 QUIET_PIP := { grep -v "is ignored: it is neither a file nor a directory" || true; }
 
-.PHONY: setup book test test-lib browser student clean
+.PHONY: setup book lint test test-fast test-lib browser student clean
 
+# torch first (the CPU build), so that requirements.txt's torch>=2.4 never pulls a CUDA build; then
+# requirements.txt (the book build: the package's extras [book] and [dev], plus jupyter-book & co).
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q "$(TORCH)" 2>&1 | $(QUIET_PIP)
@@ -35,10 +38,19 @@ book: setup
 browser:
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
 
+# ruff's lint rules and formatting (configured in pyproject.toml); fix with
+# `.venv/bin/ruff check --fix . && .venv/bin/ruff format .`. Both checks run; either failing fails.
+lint: setup
+	status=0; $(BIN)/ruff check . || status=1; $(BIN)/ruff format --check . || status=1; exit $$status
+
 test: setup browser
 	$(BIN)/python -m pytest
 
-# The library tests alone (fast).
+# Everything but the tests marked slow, notebooks, book, browser or benchmark (pyproject.toml).
+test-fast: setup
+	$(BIN)/python -m pytest -m "not slow and not notebooks and not book and not browser and not benchmark"
+
+# The tests outside tests/test_book.py.
 test-lib: setup
 	$(BIN)/python -m pytest tests --ignore=tests/test_book.py
 

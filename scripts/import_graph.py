@@ -15,6 +15,7 @@ checks the rule with the functions here. The graph is read from the source with 
 
 Usage: python scripts/import_graph.py [PACKAGE_DIR]   (default: transformer_lib next to scripts/)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -67,11 +68,13 @@ def is_core_file(path: Path, package_dir: Path) -> bool:
 
 def _imports(tree: ast.AST):
     """(node, lazy) for every import statement; lazy when inside a function body."""
+
     def visit(node: ast.AST, lazy: bool):
         for child in ast.iter_child_nodes(node):
             if isinstance(child, (ast.Import, ast.ImportFrom)):
                 yield child, lazy
             yield from visit(child, lazy or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+
     yield from visit(tree, False)
 
 
@@ -83,9 +86,9 @@ def imports_of(module: str, path: Path, known: set[str], package: str) -> list[E
     is_package = Path(path).name == "__init__.py"
     edges = []
     for node, lazy in _imports(tree):
-        statement = " ".join(line.strip() for line in lines[node.lineno - 1:node.end_lineno])
+        statement = " ".join(line.strip() for line in lines[node.lineno - 1 : node.end_lineno])
 
-        def edge(target: str | None) -> None:
+        def edge(target: str | None, node: ast.AST = node, statement: str = statement, lazy: bool = lazy) -> None:
             edges.append(Edge(module, target, Path(path), node.lineno, statement, lazy))
 
         if isinstance(node, ast.Import):
@@ -98,7 +101,7 @@ def imports_of(module: str, path: Path, known: set[str], package: str) -> list[E
             if node.level - 1 >= len(here):
                 edge(None)
                 continue
-            parts = here[:len(here) - (node.level - 1)]
+            parts = here[: len(here) - (node.level - 1)]
             base = ".".join(parts + ([node.module] if node.module else []))
         else:
             base = node.module or ""
@@ -151,15 +154,19 @@ def violations(graph: dict[str, list[Edge]], package_dir: Path) -> list[str]:
 
 def missing(graph: dict[str, list[Edge]]) -> list[str]:
     """Arrows to package modules that do not exist (e.g. a renamed file), as readable lines."""
-    return [f"{e.importer} -> {e.target}: no such module ({e.path.name}:{e.line}: {e.statement})"
-            for edges in graph.values() for e in edges if e.target is not None and e.target not in graph]
+    return [
+        f"{e.importer} -> {e.target}: no such module ({e.path.name}:{e.line}: {e.statement})"
+        for edges in graph.values()
+        for e in edges
+        if e.target is not None and e.target not in graph
+    ]
 
 
 def _short(name: str | None, package: str) -> str:
     """A module's name relative to the package; the package itself (its ``__init__``) is ``__init__``."""
     if name is None:
         return "(above the package)"
-    return name[len(package) + 1:] if name.startswith(package + ".") else "__init__"
+    return name[len(package) + 1 :] if name.startswith(package + ".") else "__init__"
 
 
 def format_graph(graph: dict[str, list[Edge]], package: str, errors: dict[str, str] | None = None) -> str:
@@ -179,24 +186,41 @@ def format_graph(graph: dict[str, list[Edge]], package: str, errors: dict[str, s
             for e in graph[module]:
                 if e.target == module:
                     continue
-                key = _short(e.target, package) + (" (MISSING)" if e.target is not None and e.target not in graph
-                                                    else "")
+                key = _short(e.target, package) + (
+                    " (MISSING)" if e.target is not None and e.target not in graph else ""
+                )
                 targets[key] = targets.get(key, True) and e.lazy
             deps = [f"{t} (lazy)" if lazy else t for t, lazy in sorted(targets.items(), key=lambda kv: (kv[1], kv[0]))]
             if module in (errors or {}):
                 deps = [f"?? NOT PARSED: {errors[module]}"]
             head = f"{_short(module, package):<{width}} -> "
-            out.append(textwrap.fill(", ".join(deps) or "(nothing from the package)", width=100,
-                                     initial_indent=head, subsequent_indent=" " * len(head),
-                                     break_long_words=False, break_on_hyphens=False))
+            out.append(
+                textwrap.fill(
+                    ", ".join(deps) or "(nothing from the package)",
+                    width=100,
+                    initial_indent=head,
+                    subsequent_indent=" " * len(head),
+                    break_long_words=False,
+                    break_on_hyphens=False,
+                )
+            )
         out.append("")
-    up = sum(1 for edges in graph.values() for e in edges
-             if e.target and layer(e.importer, package) == "notebook" and layer(e.target, package) == "core")
-    down = sum(1 for edges in graph.values() for e in edges
-               if e.target and layer(e.importer, package) == "core" and layer(e.target, package) == "notebook")
+    up = sum(
+        1
+        for edges in graph.values()
+        for e in edges
+        if e.target and layer(e.importer, package) == "notebook" and layer(e.target, package) == "core"
+    )
+    down = sum(
+        1
+        for edges in graph.values()
+        for e in edges
+        if e.target and layer(e.importer, package) == "core" and layer(e.target, package) == "notebook"
+    )
     out.append(f"# arrows between layers: {up} notebook -> core, {down} core -> notebook")
-    out.append(f"# (names relative to {package}/; __init__ = the package itself; "
-               "(lazy) = imported inside a function, on call)")
+    out.append(
+        f"# (names relative to {package}/; __init__ = the package itself; (lazy) = imported inside a function, on call)"
+    )
     return "\n".join(out) + "\n"
 
 

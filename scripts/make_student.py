@@ -20,8 +20,10 @@ import nbformat
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTION_BLOCK = re.compile(r"```\{solution-start\}.*?```\{solution-end\}\s*```\s*", re.S)
-BANNER = ("**Student copy.** Solutions are removed: write your code in the cells marked "
-          "`# your code here` and run the checker cell below each exercise.")
+BANNER = (
+    "**Student copy.** Solutions are removed: write your code in the cells marked "
+    "`# your code here` and run the checker cell below each exercise."
+)
 
 
 def student_copy(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:

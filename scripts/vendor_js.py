@@ -18,6 +18,7 @@ expected file is present, nothing is fetched. ``--force`` refetches.
 Usage: python scripts/vendor_js.py [--dest book/_vendor] [--force] [--check]
 Environment: NPM (the npm executable, default ``npm``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -69,13 +70,17 @@ _MATHJAX_PARTS = (
 
 PACKAGES: tuple[Package, ...] = (
     Package(
-        "requirejs", "2.3.6", "requirejs",
+        "requirejs",
+        "2.3.6",
+        "requirejs",
         copy=("require.js",),
         licence_fallback=("MIT", "Copyright jQuery Foundation and other contributors, https://jquery.org/"),
         must_exist=("require.js",),
     ),
     Package(
-        "@jupyter-widgets/html-manager", "1.0.6", "html-manager",
+        "@jupyter-widgets/html-manager",
+        "1.0.6",
+        "html-manager",
         # embed-amd.js plus the icon fonts (woff2/woff; browsers skip the eot/ttf/svg fallbacks).
         copy=("dist/embed-amd.js", "dist/*.woff2", "dist/*.woff"),
         strip="dist/",
@@ -83,20 +88,29 @@ PACKAGES: tuple[Package, ...] = (
         must_exist=("embed-amd.js",),
     ),
     Package(
-        "d3", "5.7.0", "d3",
-        copy=("dist/d3.min.js",), strip="dist/",
+        "d3",
+        "5.7.0",
+        "d3",
+        copy=("dist/d3.min.js",),
+        strip="dist/",
         licence_files=("LICENSE",),
         must_exist=("d3.min.js",),
     ),
     Package(
-        "jquery", "2.1.0", "jquery",
-        copy=("dist/jquery.min.js",), strip="dist/",
+        "jquery",
+        "2.1.0",
+        "jquery",
+        copy=("dist/jquery.min.js",),
+        strip="dist/",
         licence_files=("MIT-LICENSE.txt",),
         must_exist=("jquery.min.js",),
     ),
     Package(
-        "mathjax", "3.2.2", "mathjax",
-        copy=_MATHJAX_PARTS, strip="es5/",
+        "mathjax",
+        "3.2.2",
+        "mathjax",
+        copy=_MATHJAX_PARTS,
+        strip="es5/",
         licence_files=("LICENSE",),
         must_exist=("tex-mml-chtml.js", "tex-chtml.js", "output/chtml/fonts/woff-v2/MathJax_Main-Regular.woff"),
     ),
@@ -153,7 +167,10 @@ def npm_pack(pkg: Package, workdir: Path, npm: str) -> Path:
     spec = f"{pkg.name}@{pkg.version}"
     out = subprocess.run(
         [npm, "pack", spec, "--json", "--pack-destination", str(workdir)],
-        check=True, capture_output=True, text=True, cwd=workdir,
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=workdir,
     )
     info = json.loads(out.stdout)
     if isinstance(info, list):
@@ -174,7 +191,7 @@ def _copy_entry(src_root: Path, pattern: str, strip: str, dst_root: Path) -> int
     for src in matches:
         rel = src.relative_to(src_root).as_posix()
         if strip and rel.startswith(strip):
-            rel = rel[len(strip):]
+            rel = rel[len(strip) :]
         dst = dst_root / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
         if src.is_dir():
@@ -200,9 +217,7 @@ def vendor(dest: Path, npm: str) -> None:
                 print(f"vendor_js: npm pack {pkg.name}@{pkg.version}", flush=True)
                 src = npm_pack(pkg, work, npm)
                 meta = json.loads((src / "package.json").read_text())
-                licence = meta.get("license") or ",".join(
-                    entry.get("type", "?") for entry in meta.get("licenses", [])
-                )
+                licence = meta.get("license") or ",".join(entry.get("type", "?") for entry in meta.get("licenses", []))
                 out = base / pkg.folder
                 out.mkdir(parents=True, exist_ok=True)
                 for entry in pkg.copy:

@@ -10,16 +10,22 @@ from transformer_lib.interop import copy_from_torch
 
 
 def qkv(B=2, H=3, T_q=5, T_k=7, d=8, dtype=torch.float32):
-    return (torch.randn(B, H, T_q, d, dtype=dtype), torch.randn(B, H, T_k, d, dtype=dtype),
-            torch.randn(B, H, T_k, d, dtype=dtype))
+    return (
+        torch.randn(B, H, T_q, d, dtype=dtype),
+        torch.randn(B, H, T_k, d, dtype=dtype),
+        torch.randn(B, H, T_k, d, dtype=dtype),
+    )
 
 
 @pytest.mark.parametrize("mask_kind", ["none", "causal", "padding", "random"])
 def test_explicit_attention_equals_pytorch(mask_kind):
     q, k, v = qkv(T_q=6, T_k=6)
-    mask = {"none": None, "causal": causal_mask(6),
-            "padding": padding_mask(torch.tensor([[1, 2, 3, 4, 0, 0], [1, 2, 3, 4, 5, 6]]), 0),
-            "random": torch.rand(2, 3, 6, 6) > 0.3}[mask_kind]
+    mask = {
+        "none": None,
+        "causal": causal_mask(6),
+        "padding": padding_mask(torch.tensor([[1, 2, 3, 4, 0, 0], [1, 2, 3, 4, 5, 6]]), 0),
+        "random": torch.rand(2, 3, 6, 6) > 0.3,
+    }[mask_kind]
     if mask is not None and mask_kind == "random":
         mask[..., 0] = True  # keep every row attending somewhere; fully masked rows are tested separately
     out, w = scaled_dot_product_attention(q, k, v, mask=mask)
@@ -67,7 +73,10 @@ def test_gradcheck_float64():
 @pytest.mark.parametrize("bias", [True, False])
 def test_mha_equals_torch_self_and_cross(bias):
     d, h = 32, 4
-    ours, theirs = MultiHeadAttention(d, h, bias=bias).eval(), nn.MultiheadAttention(d, h, bias=bias, batch_first=True).eval()
+    ours, theirs = (
+        MultiHeadAttention(d, h, bias=bias).eval(),
+        nn.MultiheadAttention(d, h, bias=bias, batch_first=True).eval(),
+    )
     copy_from_torch(ours, theirs)
     x, mem = torch.randn(3, 5, d), torch.randn(3, 9, d)  # different lengths catch T_q/T_k mix-ups
     torch.testing.assert_close(ours(x, x, x), theirs(x, x, x, need_weights=False)[0])
@@ -82,8 +91,9 @@ def test_mha_equals_torch_self_and_cross(bias):
     # key padding
     src = torch.tensor([[4, 5, 6, 0, 0, 0, 0, 0, 0], [4, 5, 6, 7, 8, 9, 1, 2, 3], [1, 0, 0, 0, 0, 0, 0, 0, 0]])
     pm = padding_mask(src, 0)
-    torch.testing.assert_close(ours(x, mem, mem, mask=pm),
-                               theirs(x, mem, mem, key_padding_mask=(src == 0), need_weights=False)[0])
+    torch.testing.assert_close(
+        ours(x, mem, mem, mask=pm), theirs(x, mem, mem, key_padding_mask=(src == 0), need_weights=False)[0]
+    )
 
 
 def test_fast_path_equals_explicit_path_with_masks():
@@ -117,7 +127,7 @@ def test_incremental_decoding_with_cache_equals_full_causal():
     cache = KVCache()
     steps = [mha(x[:, :3], is_causal=True, cache=cache)]  # prefill 3 tokens
     for t in range(3, 7):
-        steps.append(mha(x[:, t:t + 1], is_causal=True, cache=cache))
+        steps.append(mha(x[:, t : t + 1], is_causal=True, cache=cache))
     assert len(cache) == 7
     torch.testing.assert_close(torch.cat(steps, dim=1), full)
 
@@ -142,12 +152,24 @@ def test_dropout_only_in_training():
     assert not torch.allclose(mha(x), mha(x))
 
 
-def test_variance_of_dot_product_grows_with_dk():
-    # The reason for the 1/sqrt(d_k) scale, as chapter 1 shows it.
-    for d_k in (16, 256):
-        q, k = torch.randn(20000, d_k), torch.randn(20000, d_k)
-        var = (q * k).sum(-1).var().item()
-        assert math.isclose(var, d_k, rel_tol=0.1)
+@pytest.mark.parametrize("d_k", [16, 64, 256])
+def test_one_over_sqrt_dk_brings_the_score_variance_from_dk_to_one(d_k):
+    # Chapter 1's reason for the scale: for q and k with unit-variance entries, q.k has variance d_k,
+    # and scaled_dot_product_attention's 1/sqrt(d_k) brings its scores back to variance about 1.
+    # Measured on the library's own weights: log(softmax(s)) = s - logsumexp(s) differs from the
+    # scores s by one constant per query, so each row of log(weights) has the variance of the scores.
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 1, 2000, d_k, generator=g, dtype=torch.float64)
+    k = torch.randn(1, 1, 500, d_k, generator=g, dtype=torch.float64)
+    v = torch.zeros(1, 1, 500, 1, dtype=torch.float64)
+
+    def score_variance(**kw):
+        _, w = scaled_dot_product_attention(q, k, v, **kw)
+        assert w.min() > 0  # float64: no weight underflows, so the logs are exact
+        return w.log().var(dim=-1).mean().item()
+
+    assert math.isclose(score_variance(scale=1.0), d_k, rel_tol=0.1)  # the raw dot products
+    assert math.isclose(score_variance(), 1.0, rel_tol=0.1)  # the default scale: a missing one gives d_k
 
 
 def test_cpu_autocast_runs_attention_in_fp32(monkeypatch):
@@ -157,8 +179,9 @@ def test_cpu_autocast_runs_attention_in_fp32(monkeypatch):
     expected = mha(x, is_causal=True)
     dtypes = []
     real = F.scaled_dot_product_attention
-    monkeypatch.setattr(F, "scaled_dot_product_attention",
-                        lambda q, k, v, **kw: dtypes.append(q.dtype) or real(q, k, v, **kw))
+    monkeypatch.setattr(
+        F, "scaled_dot_product_attention", lambda q, k, v, **kw: dtypes.append(q.dtype) or real(q, k, v, **kw)
+    )
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = mha(x, is_causal=True)
         masked = mha(x, mask=torch.ones(10, 10, dtype=torch.bool).tril())

@@ -11,7 +11,13 @@ import pytest
 import torch
 
 from transformer_lib import GPT, GPTConfig
-from transformer_lib.notebook.benchmark import ReferenceGPT, mean_loss, op_time_shares, reference_optimizer, train_side_by_side
+from transformer_lib.notebook.benchmark import (
+    ReferenceGPT,
+    mean_loss,
+    op_time_shares,
+    reference_optimizer,
+    train_side_by_side,
+)
 from transformer_lib.text import random_blocks
 from transformer_lib.training import TrainConfig, Trainer
 
@@ -42,8 +48,13 @@ def test_copy_from_rejects_a_different_gpt():
     _, ref = pair()
     torch.manual_seed(0)
     with pytest.raises(ValueError, match="bias=False, learned positions"):
-        ref.copy_from(GPT(GPTConfig(vocab_size=11, block_size=16, n_layers=2, n_heads=2, d_model=16, bias=False,
-                                    positional="rope")))
+        ref.copy_from(
+            GPT(
+                GPTConfig(
+                    vocab_size=11, block_size=16, n_layers=2, n_heads=2, d_model=16, bias=False, positional="rope"
+                )
+            )
+        )
     with pytest.raises(ValueError, match=r"\(11, 16, 2, 2, 16\); got .*n_heads=4"):
         ref.copy_from(GPT(GPTConfig(vocab_size=11, block_size=16, n_layers=2, n_heads=4, d_model=16, bias=False)))
 
@@ -55,6 +66,7 @@ def test_reference_optimizer_decays_matrices_only():
     assert no_decay["weight_decay"] == 0.0 and all(p.dim() == 1 for p in no_decay["params"])
 
 
+@pytest.mark.slow
 def test_side_by_side_trains_both_with_one_recipe():
     ours, ref = pair()
     cfg = TrainConfig(max_steps=40, lr=3e-3, min_lr=3e-4, warmup_steps=5, progress=False, amp=False)
@@ -73,8 +85,9 @@ def test_side_by_side_trains_both_with_one_recipe():
 
 def test_side_by_side_needs_steps_beyond_the_warmup():
     ours, ref = pair()
-    trainer = Trainer(ours, TrainConfig(max_steps=3, progress=False), lambda g: random_blocks(DATA, 2, 16, g),
-                      device="cpu")
+    trainer = Trainer(
+        ours, TrainConfig(max_steps=3, progress=False), lambda g: random_blocks(DATA, 2, 16, g), device="cpu"
+    )
     with pytest.raises(ValueError, match="steps must exceed warmup=5"):
         train_side_by_side(trainer, ref, lambda: random_blocks(DATA, 2, 16), [random_blocks(DATA, 2, 16)])
 
@@ -96,13 +109,35 @@ def run_script(name: str, *args: str, tmp_path) -> str:
     text = tmp_path / "text.txt"
     text.write_text(SCRIPT_TEXT, encoding="utf-8")
     root = Path(__file__).resolve().parents[1]
-    out = subprocess.run([sys.executable, str(root / "benchmarks" / name), "--text", str(text), "--device", "cpu",
-                          "--n-layer", "1", "--d-model", "32", "--block-size", "16", "--batch-size", "4",
-                          "--warmup", "2", *args], capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(root / "benchmarks" / name),
+            "--text",
+            str(text),
+            "--device",
+            "cpu",
+            "--n-layer",
+            "1",
+            "--d-model",
+            "32",
+            "--block-size",
+            "16",
+            "--batch-size",
+            "4",
+            "--warmup",
+            "2",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout.strip().splitlines()[-1]
 
 
+@pytest.mark.benchmark
 def test_train_gpt_script_prints_speed_and_loss_last(tmp_path):
     last = run_script("train_gpt.py", "--iters", "20", "--eval-iters", "2", "--eval-interval", "10", tmp_path=tmp_path)
     match = re.fullmatch(r"tokens_per_s=(\d+) val_loss=(\d+\.\d+)", last)
@@ -110,6 +145,7 @@ def test_train_gpt_script_prints_speed_and_loss_last(tmp_path):
     assert int(match[1]) > 0 and float(match[2]) < math.log(len(set(SCRIPT_TEXT)))  # below uniform guessing
 
 
+@pytest.mark.benchmark
 def test_compare_gpt_script_prints_speedup_and_both_losses_last(tmp_path):
     last = run_script("compare_gpt.py", "--iters", "12", tmp_path=tmp_path)
     match = re.fullmatch(r"speedup=(\d+\.\d+) ours_val_loss=(\d+\.\d+) reference_val_loss=(\d+\.\d+)", last)

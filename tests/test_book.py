@@ -12,6 +12,7 @@ Environment:
   CHROMIUM=path    the browser binary (default: chromium, chromium-browser, google-chrome)
   CI=true          a missing browser fails instead of skipping
 """
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,9 @@ from pathlib import Path
 
 import pytest
 
-yaml = pytest.importorskip("yaml")
-bs4 = pytest.importorskip("bs4")
+from conftest import importorskip_unless_ci  # skips locally, fails under CI=true
+
+yaml, bs4 = importorskip_unless_ci("yaml"), importorskip_unless_ci("bs4")
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILD = ROOT / "_build"
@@ -40,13 +42,16 @@ HTML = BUILD / "html"
 SHOTS = BUILD / "screenshots"
 STAMP = BUILD / ".book-build.json"
 
-pytestmark = pytest.mark.skipif(os.environ.get("BOOK_TESTS", "1") == "0", reason="BOOK_TESTS=0")
+pytestmark = [pytest.mark.book, pytest.mark.skipif(os.environ.get("BOOK_TESTS", "1") == "0", reason="BOOK_TESTS=0")]
 
 # What each page must show. DESIGN.md: static matplotlib figures first, at least one widget
 # per chapter, equations; the pipeline check also exercises a bertviz view.
 CHAPTER_REQUIRES = {"figure", "widget", "math"}
-EXTRA_REQUIRES = {"chapters/03_multi_head_attention": {"bertviz"}, "chapters/06_encoder_decoder": {"bertviz"},
-                  "chapters/07_decoder_only": {"bertviz"}}
+EXTRA_REQUIRES = {
+    "chapters/03_multi_head_attention": {"bertviz"},
+    "chapters/06_encoder_decoder": {"bertviz"},
+    "chapters/07_decoder_only": {"bertviz"},
+}
 
 # Chromium with every network request failing fast, except to the local server of the book.
 NETWORK_OFF = [
@@ -93,8 +98,15 @@ CHAPTERS = [d for d in DOCS if d.startswith("chapters/")]
 
 
 def _sources() -> list[Path]:
-    files = [ROOT / "_config.yml", ROOT / "_toc.yml", ROOT / "scripts" / "vendor_js.py", ROOT / "scripts" / "build_book.py"]
-    files += [p for p in (ROOT / "book").rglob("*") if p.is_file() and not any(part.startswith("_vendor") for part in p.parts)]
+    files = [
+        ROOT / "_config.yml",
+        ROOT / "_toc.yml",
+        ROOT / "scripts" / "vendor_js.py",
+        ROOT / "scripts" / "build_book.py",
+    ]
+    files += [
+        p for p in (ROOT / "book").rglob("*") if p.is_file() and not any(part.startswith("_vendor") for part in p.parts)
+    ]
     files += list((ROOT / "chapters").glob("*.ipynb")) + list((ROOT / "chapters").glob("*.md"))
     files += [p for p in (ROOT / "transformer_lib").rglob("*.py") if "__pycache__" not in p.parts]
     return files
@@ -122,7 +134,9 @@ def book() -> Path:
         print(f"\n[test_book] building the book: {reason}")
         proc = subprocess.run(
             [sys.executable, str(ROOT / "scripts" / "build_book.py"), "--fresh"],
-            cwd=ROOT, capture_output=True, text=True,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
         )
         if proc.returncode != 0:
             log = (proc.stdout + proc.stderr)[-8000:]
@@ -150,7 +164,7 @@ class Rendered:
     screenshot: Path
 
     @property
-    def soup(self) -> "bs4.BeautifulSoup":
+    def soup(self) -> bs4.BeautifulSoup:
         return bs4.BeautifulSoup(self.dom, "html.parser")
 
 
@@ -177,19 +191,26 @@ def _render(chromium: str, base_url: str, doc: str) -> Rendered:
     shot = SHOTS / (doc.replace("/", "__") + ".png")
     with tempfile.TemporaryDirectory(prefix="chromium-profile-") as profile:
         cmd = [
-            chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-            f"--user-data-dir={profile}", "--hide-scrollbars", *NETWORK_OFF,
-            f"--virtual-time-budget={VIRTUAL_TIME_MS}", f"--window-size={WINDOW}",
-            "--enable-logging=stderr", "--v=0",
-            f"--screenshot={shot}", "--dump-dom", url,
+            chromium,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            f"--user-data-dir={profile}",
+            "--hide-scrollbars",
+            *NETWORK_OFF,
+            f"--virtual-time-budget={VIRTUAL_TIME_MS}",
+            f"--window-size={WINDOW}",
+            "--enable-logging=stderr",
+            "--v=0",
+            f"--screenshot={shot}",
+            "--dump-dom",
+            url,
         ]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     if proc.returncode != 0 or "</html>" not in proc.stdout:
         raise RuntimeError(f"chromium failed on {doc} (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-    console = [
-        line for line in proc.stderr.splitlines()
-        if ":CONSOLE" in line and not CONSOLE_IGNORE.search(line)
-    ]
+    console = [line for line in proc.stderr.splitlines() if ":CONSOLE" in line and not CONSOLE_IGNORE.search(line)]
     return Rendered(doc, proc.stdout, console, shot)
 
 
@@ -198,8 +219,10 @@ def rendered(server: str) -> dict[str, Rendered]:
     """Every page of the book, rendered offline in headless Chromium (two at a time)."""
     chromium = _chromium()
     if chromium is None:
-        message = ("no Chromium found (set CHROMIUM=/path/to/chromium, or `apt-get install chromium`); "
-                   "the rendered-page checks need a real browser")
+        message = (
+            "no Chromium found (set CHROMIUM=/path/to/chromium, or `apt-get install chromium`); "
+            "the rendered-page checks need a real browser"
+        )
         if _in_ci():
             pytest.fail(message + " - CI=true, so this is an error", pytrace=False)
         pytest.skip(message)
@@ -223,6 +246,7 @@ CHAPTER_BUDGET_S = {"chapters/07_decoder_only": 180.0}
 DEFAULT_BUDGET_S = 90.0
 
 
+@pytest.mark.notebooks
 @pytest.mark.parametrize("doc", CHAPTERS)
 def test_chapter_executes_within_its_time_budget(book: Path, doc: str) -> None:
     """jupyter-cache records how long each notebook took when the build executed it."""
@@ -252,8 +276,14 @@ def test_pages_load_nothing_from_the_network(book: Path) -> None:
 
 def test_vendored_scripts_and_licences(book: Path) -> None:
     static = book / "_static" / "npm"
-    for rel in ("requirejs/require.js", "html-manager/embed-amd.js", "d3/d3.min.js", "jquery/jquery.min.js",
-                "mathjax/tex-mml-chtml.js", "LICENSES.md"):
+    for rel in (
+        "requirejs/require.js",
+        "html-manager/embed-amd.js",
+        "d3/d3.min.js",
+        "jquery/jquery.min.js",
+        "mathjax/tex-mml-chtml.js",
+        "LICENSES.md",
+    ):
         assert (static / rel).is_file(), f"_static/npm/{rel} missing: run scripts/vendor_js.py"
     licences = (static / "LICENSES.md").read_text()
     for name in ("requirejs", "@jupyter-widgets/html-manager", "d3", "jquery", "mathjax"):
@@ -268,13 +298,14 @@ def _requirements(doc: str) -> set[str]:
     return needs | EXTRA_REQUIRES.get(doc, set())
 
 
-def _article(page: Rendered) -> "bs4.Tag":
+def _article(page: Rendered) -> bs4.Tag:
     soup = page.soup
     article = soup.select_one("article.bd-article") or soup.select_one("main") or soup.body
     assert article is not None, f"{page.doc}: no article element"
     return article
 
 
+@pytest.mark.browser
 @pytest.mark.parametrize("doc", DOCS)
 def test_page_has_no_errors(rendered: dict[str, Rendered], doc: str) -> None:
     page = rendered[doc]
@@ -288,6 +319,7 @@ def test_page_has_no_errors(rendered: dict[str, Rendered], doc: str) -> None:
     assert not uncaught, f"{doc}: uncaught script errors:\n" + "\n".join(uncaught)
 
 
+@pytest.mark.browser
 @pytest.mark.parametrize("doc", DOCS)
 def test_math_is_typeset(rendered: dict[str, Rendered], doc: str) -> None:
     article = _article(rendered[doc])
@@ -300,6 +332,7 @@ def test_math_is_typeset(rendered: dict[str, Rendered], doc: str) -> None:
     assert not errors, f"{doc}: TeX errors: {[e.get('data-mjx-error') for e in errors]}"
 
 
+@pytest.mark.browser
 @pytest.mark.parametrize("doc", DOCS)
 def test_figures_render(rendered: dict[str, Rendered], doc: str) -> None:
     article = _article(rendered[doc])
@@ -315,6 +348,7 @@ def test_figures_render(rendered: dict[str, Rendered], doc: str) -> None:
         assert target.resolve().is_file(), f"{doc}: image {src} missing from the build"
 
 
+@pytest.mark.browser
 @pytest.mark.parametrize("doc", DOCS)
 def test_widgets_render(rendered: dict[str, Rendered], doc: str) -> None:
     article = _article(rendered[doc])
@@ -329,6 +363,7 @@ def test_widgets_render(rendered: dict[str, Rendered], doc: str) -> None:
         assert article.select(".widget-subarea .jupyter-widgets"), f"{doc}: no rendered widget DOM"
 
 
+@pytest.mark.browser
 @pytest.mark.parametrize("doc", DOCS)
 def test_bertviz_views_render(rendered: dict[str, Rendered], doc: str) -> None:
     article = _article(rendered[doc])
@@ -342,6 +377,7 @@ def test_bertviz_views_render(rendered: dict[str, Rendered], doc: str) -> None:
         )
 
 
+@pytest.mark.browser
 def test_chapters_cite_the_bibliography(rendered: dict[str, Rendered]) -> None:
     """Every chapter cites at least one work, and the citation links to the bibliography page."""
     for doc in CHAPTERS:

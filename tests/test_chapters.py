@@ -76,8 +76,7 @@ def test_student_copy_has_no_solutions(path):
     assert starters and not any("remove-cell" in c.metadata["tags"] for c in starters)
     assert "# your code here" in text
     # everything else is still there
-    kept = [c.source for c in nb.cells if "solution" not in c.metadata.get("tags", [])
-            and "{solution-" not in c.source]
+    kept = [c.source for c in nb.cells if "solution" not in c.metadata.get("tags", []) and "{solution-" not in c.source]
     assert all(s.rstrip() in text for s in kept)
 
 
@@ -90,6 +89,7 @@ def test_every_checker_survives_a_stub(name, capsys):
         assert result.text in capsys.readouterr().out  # the feedback is printed
 
 
+@pytest.mark.notebooks
 def test_make_student_writes_copies_that_run(tmp_path):
     """The student copy of chapter 1 executes top to bottom: the checkers report, they don't crash."""
     from nbclient import NotebookClient
@@ -98,22 +98,25 @@ def test_make_student_writes_copies_that_run(tmp_path):
 
     main([str(tmp_path)])
     nb = load(tmp_path / CHAPTERS[0].name)
-    NotebookClient(nb, timeout=300, kernel_name="python3",
-                   resources={"metadata": {"path": str(ROOT / "chapters")}}).execute()
+    NotebookClient(
+        nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(ROOT / "chapters")}}
+    ).execute()
     outputs = "\n".join(o.get("text", "") for c in code_cells(nb) for o in c.outputs)
     assert "checks failed" in outputs and "expected" in outputs
 
 
 def test_student_copy_drops_solutions_spanning_several_cells():
     md, code = nbformat.v4.new_markdown_cell, nbformat.v4.new_code_cell
-    nb = nbformat.v4.new_notebook(cells=[
-        md("```{exercise} Q\n:label: ex-q\nAsk.\n```"),
-        md("```{solution-start} ex-q\n:class: dropdown\n```"),
-        md("The secret explanation."),
-        code("secret = 42"),
-        md("More secret text.\n```{solution-end}\n```\nAfter the solution."),
-        md("Inline: ```{solution-start} ex-r\n```\nhidden too\n```{solution-end}\n```\nvisible"),
-    ])
+    nb = nbformat.v4.new_notebook(
+        cells=[
+            md("```{exercise} Q\n:label: ex-q\nAsk.\n```"),
+            md("```{solution-start} ex-q\n:class: dropdown\n```"),
+            md("The secret explanation."),
+            code("secret = 42"),
+            md("More secret text.\n```{solution-end}\n```\nAfter the solution."),
+            md("Inline: ```{solution-start} ex-r\n```\nhidden too\n```{solution-end}\n```\nvisible"),
+        ]
+    )
     text = "\n".join(c.source for c in student_copy(nb).cells)
     assert "Ask." in text and "After the solution." in text and "visible" in text
     assert "secret" not in text and "hidden too" not in text and "solution-" not in text

@@ -21,8 +21,13 @@ def chapters() -> dict[int, tuple[str, str]]:
     out = {}
     for path in sorted((ROOT / "chapters").glob("[0-9][0-9]_*.ipynb")):
         cells = json.loads(path.read_text())["cells"]
-        heading = next(line for c in cells if c["cell_type"] == "markdown"
-                       for line in "".join(c["source"]).splitlines() if line.startswith("# "))
+        heading = next(
+            line
+            for c in cells
+            if c["cell_type"] == "markdown"
+            for line in "".join(c["source"]).splitlines()
+            if line.startswith("# ")
+        )
         title = re.sub(r"^# \d+\.\s*", "", heading)
         code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
         out[int(path.name[:2])] = (title, code)
@@ -39,7 +44,9 @@ def back_links() -> list[tuple[str, int, str]]:
     for name in core_modules():
         module = importlib.import_module(f"transformer_lib.{name}")
         for attr, obj in vars(module).items():
-            if getattr(obj, "__module__", None) != module.__name__ or not (inspect.isclass(obj) or inspect.isfunction(obj)):
+            if getattr(obj, "__module__", None) != module.__name__ or not (
+                inspect.isclass(obj) or inspect.isfunction(obj)
+            ):
                 continue
             for chapter, title in BACK_LINK.findall(inspect.getdoc(obj) or ""):
                 links.append((f"{name}.{attr}", int(chapter), title))

@@ -3,8 +3,19 @@
 import pytest
 import torch
 
-from transformer_lib import (GPT, EncoderLayer, GPTConfig, LayerNorm, MultiHeadAttention, Seq2SeqTransformer,
-                             causal_mask, combine_masks, padding_mask, prefix_lm_mask, scaled_dot_product_attention)
+from transformer_lib import (
+    GPT,
+    EncoderLayer,
+    GPTConfig,
+    LayerNorm,
+    MultiHeadAttention,
+    Seq2SeqTransformer,
+    causal_mask,
+    combine_masks,
+    padding_mask,
+    prefix_lm_mask,
+    scaled_dot_product_attention,
+)
 
 
 def test_d_model_not_divisible_by_n_heads():

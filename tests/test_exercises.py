@@ -45,8 +45,12 @@ def test_attention_checker(capsys):
     assert "All 5 checks passed" in capsys.readouterr().out
 
     def no_scale(q, k, v, mask=None):
-        w = torch.softmax((q @ k.transpose(-2, -1)).masked_fill(~mask, float("-inf")) if mask is not None
-                          else q @ k.transpose(-2, -1), dim=-1)
+        w = torch.softmax(
+            (q @ k.transpose(-2, -1)).masked_fill(~mask, float("-inf"))
+            if mask is not None
+            else q @ k.transpose(-2, -1),
+            dim=-1,
+        )
         return w @ v, w
 
     def wrong_axis(q, k, v, mask=None):
@@ -61,8 +65,12 @@ def test_attention_checker(capsys):
         w = torch.softmax(q @ k.T / math.sqrt(q.shape[-1]), dim=-1)
         return w @ v, w
 
-    for wrong, words in ((no_scale, "sqrt(d_k)"), (wrong_axis, "dim=-1"), (inverted, "polarity is inverted"),
-                         (uses_dot_T, "k.transpose(-2, -1)")):
+    for wrong, words in (
+        (no_scale, "sqrt(d_k)"),
+        (wrong_axis, "dim=-1"),
+        (inverted, "polarity is inverted"),
+        (uses_dot_T, "k.transpose(-2, -1)"),
+    ):
         result = ex.check_attention(wrong)
         assert not result.passed
         assert words in result.text, (wrong.__name__, result.text)
@@ -115,9 +123,13 @@ def test_prefix_lm_mask_checker():
         return in_prefix[:, None] & in_prefix[None, :]
 
     assert ex.check_prefix_lm_mask(good).passed
-    for wrong, words in ((lambda T, p: ~good(T, p), "polarity is inverted"), (prefix_rows, "not as rows"),
-                         (off_by_one, "off by one"), (and_not_or, "OR (|), not AND"),
-                         (block_only, "still attend causally")):
+    for wrong, words in (
+        (lambda T, p: ~good(T, p), "polarity is inverted"),
+        (prefix_rows, "not as rows"),
+        (off_by_one, "off by one"),
+        (and_not_or, "OR (|), not AND"),
+        (block_only, "still attend causally"),
+    ):
         result = ex.check_prefix_lm_mask(wrong)
         assert not result.passed and words in result.text, result.text
     assert "boolean" in ex.check_prefix_lm_mask(lambda T, p: good(T, p).float()).text
@@ -192,6 +204,7 @@ def test_layer_norm_checker():
 
 # ---------------------------------------------------------------- chapter 4: positional encoding
 
+
 def _sinusoidal(max_len, d_model, swap=False, concat=False, power=2, start=0, multiply=False, base=10000.0):
     pos = torch.arange(start, start + max_len, dtype=torch.float32)[:, None]
     i = torch.arange(d_model // 2, dtype=torch.float32)
@@ -207,10 +220,15 @@ def _sinusoidal(max_len, d_model, swap=False, concat=False, power=2, start=0, mu
 
 def test_sinusoidal_encoding_checker():
     assert ex.check_sinusoidal_encoding(_sinusoidal).passed
-    for kw, words in ((dict(swap=True), "swapped"), (dict(concat=True), "interleaves"),
-                      (dict(power=1), "2i/d_model, with i the index"), (dict(power=4), "counts each pair twice"),
-                      (dict(multiply=True), "DIVIDED"), (dict(start=1), "start at 0"),
-                      (dict(base=1000.0), "not 1000")):
+    for kw, words in (
+        (dict(swap=True), "swapped"),
+        (dict(concat=True), "interleaves"),
+        (dict(power=1), "2i/d_model, with i the index"),
+        (dict(power=4), "counts each pair twice"),
+        (dict(multiply=True), "DIVIDED"),
+        (dict(start=1), "start at 0"),
+        (dict(base=1000.0), "not 1000"),
+    ):
         result = ex.check_sinusoidal_encoding(lambda n, d, kw=kw: _sinusoidal(n, d, **kw))
         assert not result.passed and words in result.text, (kw, result.text)
     assert not ex.check_sinusoidal_encoding(lambda n, d: None).passed  # a stub does not crash the checker
@@ -223,7 +241,7 @@ def _rope(x, offset, sign=1.0, halves=False, concat=False, power=2, ignore_offse
     m = torch.arange(T) + (0 if ignore_offset else offset)
     angle = m[:, None] * theta  # (T, d/2)
     cos, sin = angle.cos(), sign * angle.sin()
-    x1, x2 = (x[..., : d // 2], x[..., d // 2:]) if halves else (x[..., 0::2], x[..., 1::2])
+    x1, x2 = (x[..., : d // 2], x[..., d // 2 :]) if halves else (x[..., 0::2], x[..., 1::2])
     a, b = x1 * cos - x2 * sin, x1 * sin + x2 * cos
     if halves or concat:
         return torch.cat([a, b], dim=-1)
@@ -242,9 +260,13 @@ def test_rope_checker():
         return torch.view_as_real(z * torch.polar(torch.ones_like(angle), angle)).flatten(-2)
 
     assert ex.check_rope(by_complex).passed
-    for kw, words in ((dict(sign=-1.0), "-theta"), (dict(halves=True), "rotate_half"),
-                      (dict(concat=True), "wrong output layout"), (dict(power=1), "not 10000^(-i/d_head)"),
-                      (dict(ignore_offset=True), "offset is ignored")):
+    for kw, words in (
+        (dict(sign=-1.0), "-theta"),
+        (dict(halves=True), "rotate_half"),
+        (dict(concat=True), "wrong output layout"),
+        (dict(power=1), "not 10000^(-i/d_head)"),
+        (dict(ignore_offset=True), "offset is ignored"),
+    ):
         result = ex.check_rope(lambda x, o, kw=kw: _rope(x, o, **kw))
         assert not result.passed and words in result.text, (kw, result.text)
     assert ex.check_rope(lambda x, o: _rope(x, o, ignore_offset=True)).text.count("✅") == 3  # only offset=7 fails
@@ -273,9 +295,13 @@ def test_rms_norm_checker():
 
     assert ex.check_rms_norm(good).passed
     assert ex.check_rms_norm(lambda x, w, eps=1e-6: torch.nn.functional.rms_norm(x, (x.shape[-1],), w, eps)).passed
-    for wrong, words in ((centred, "you subtract the mean"), (eps_outside, "inside the square root"),
-                         (no_weight, "apply the learned weight"), (std, "standard deviation"),
-                         (vector_norm, "SUM of squares")):
+    for wrong, words in (
+        (centred, "you subtract the mean"),
+        (eps_outside, "inside the square root"),
+        (no_weight, "apply the learned weight"),
+        (std, "standard deviation"),
+        (vector_norm, "SUM of squares"),
+    ):
         result = ex.check_rms_norm(wrong)
         assert not result.passed
         assert words in result.text, (wrong.__name__, result.text)
@@ -303,8 +329,12 @@ def test_pre_ln_block_checker():
     before = torch.get_rng_state()
     assert ex.check_pre_ln_block(good).passed
     assert torch.equal(before, torch.get_rng_state())  # the checker leaves the reader's RNG alone
-    for wrong, words in ((post_ln, "this is Post-LN"), (norm_in_place, "normalize x in place"),
-                         (no_residual, "residual connection is missing"), (norm_after, "sublayer's output")):
+    for wrong, words in (
+        (post_ln, "this is Post-LN"),
+        (norm_in_place, "normalize x in place"),
+        (no_residual, "residual connection is missing"),
+        (norm_after, "sublayer's output"),
+    ):
         result = ex.check_pre_ln_block(wrong)
         assert not result.passed
         assert words in result.text, (wrong.__name__, result.text)
@@ -314,12 +344,14 @@ def test_pre_ln_block_checker():
 
 def test_shift_right_checker():
     assert ex.check_shift_right(lambda tgt: (tgt[:, :-1], tgt[:, 1:])).passed
-    for wrong, words in ((lambda t: (t, t), "no shift"),
-                         (lambda t: (t[:, 1:], t[:, :-1]), "the wrong way"),
-                         (lambda t: (torch.cat([torch.ones_like(t[:, :1]), t[:, :-1]], 1), t), "predict <bos>"),
-                         (lambda t: (t[:, :-1], t[:, :-1]), "the NEXT token"),
-                         (lambda t: (t[:, :-2], t[:, 1:-1]), "never learns when to stop"),
-                         (lambda t: (t[:, :-1].float(), t[:, 1:]), "integer tensor")):
+    for wrong, words in (
+        (lambda t: (t, t), "no shift"),
+        (lambda t: (t[:, 1:], t[:, :-1]), "the wrong way"),
+        (lambda t: (torch.cat([torch.ones_like(t[:, :1]), t[:, :-1]], 1), t), "predict <bos>"),
+        (lambda t: (t[:, :-1], t[:, :-1]), "the NEXT token"),
+        (lambda t: (t[:, :-2], t[:, 1:-1]), "never learns when to stop"),
+        (lambda t: (t[:, :-1].float(), t[:, 1:]), "integer tensor"),
+    ):
         result = ex.check_shift_right(wrong)
         assert not result.passed and words in result.text, result.text
 
@@ -330,17 +362,21 @@ def _decoder_by_hand(layer, x, memory, memory_mask, **bug):
 
 def test_decoder_layer_checker():
     def good(layer, x, memory, memory_mask):
-        for f, norm in ((lambda h: layer.self_attn(h, h, h, mask=torch.ones(h.shape[1], h.shape[1]).tril().bool()),
-                         layer.norm1),
-                        (lambda h: layer.cross_attn(h, memory, memory, mask=memory_mask), layer.norm2),
-                        (layer.ff, layer.norm3)):
+        for f, norm in (
+            (lambda h: layer.self_attn(h, h, h, mask=torch.ones(h.shape[1], h.shape[1]).tril().bool()), layer.norm1),
+            (lambda h: layer.cross_attn(h, memory, memory, mask=memory_mask), layer.norm2),
+            (layer.ff, layer.norm3),
+        ):
             x = x + f(norm(x)) if layer.norm_first else norm(x + f(x))
         return x
 
     assert ex.check_decoder_layer(good).passed
-    for bug, words in ((dict(causal=False), "not causal"), (dict(self_on_memory=True), "reads the encoder output"),
-                       (dict(cross_on_x=True), "cross-attention attends to x"),
-                       (dict(use_memory_mask=False), "ignores memory_mask")):
+    for bug, words in (
+        (dict(causal=False), "not causal"),
+        (dict(self_on_memory=True), "reads the encoder output"),
+        (dict(cross_on_x=True), "cross-attention attends to x"),
+        (dict(use_memory_mask=False), "ignores memory_mask"),
+    ):
         result = ex.check_decoder_layer(lambda *a, bug=bug: _decoder_by_hand(*a, **bug))
         assert not result.passed and words in result.text, (bug, result.text)
     no_causal = ex.check_decoder_layer(lambda *a: _decoder_by_hand(*a, causal=False))
@@ -356,11 +392,12 @@ def test_label_smoothing_checker():
 
     assert ex.check_label_smoothing(good).passed
     one_hot = torch.nn.functional.one_hot
-    for wrong, words in ((lambda t, V, e: one_hot(t, V) + e / V, "sum to more than 1"),
-                         (lambda t, V, e: (1 - e) * one_hot(t, V), "sum to less than 1"),
-                         (lambda t, V, e: (1 - e) * one_hot(t, V) + e / (V - 1) * (1 - one_hot(t, V)),
-                          "all vocab_size"),
-                         (lambda t, V, e: e * one_hot(t, V) + (1 - e) / V, "swapped")):
+    for wrong, words in (
+        (lambda t, V, e: one_hot(t, V) + e / V, "sum to more than 1"),
+        (lambda t, V, e: (1 - e) * one_hot(t, V), "sum to less than 1"),
+        (lambda t, V, e: (1 - e) * one_hot(t, V) + e / (V - 1) * (1 - one_hot(t, V)), "all vocab_size"),
+        (lambda t, V, e: e * one_hot(t, V) + (1 - e) / V, "swapped"),
+    ):
         result = ex.check_label_smoothing(wrong)
         assert not result.passed and words in result.text, result.text
     # PyTorch's own smoothed loss is the cross-entropy against this distribution
@@ -396,8 +433,9 @@ REFERENCE_ANSWERS = {
     "check_rms_norm": lambda x, w, eps=1e-6: F.rms_norm(x, (x.shape[-1],), w, eps),
     "check_pre_ln_block": lambda x, sublayer, norm: x + sublayer(norm(x)),
     "check_shift_right": lambda tgt: (tgt[:, :-1], tgt[:, 1:]),
-    "check_decoder_layer": lambda layer, x, memory, memory_mask: layer(x, memory, memory_mask=memory_mask,
-                                                                       tgt_is_causal=True),
+    "check_decoder_layer": lambda layer, x, memory, memory_mask: layer(
+        x, memory, memory_mask=memory_mask, tgt_is_causal=True
+    ),
     "check_label_smoothing": lambda t, V, eps: (1 - eps) * F.one_hot(t, V).float() + eps / V,
     "check_top_k_filter": sampling.top_k_filter,
     "check_top_p_filter": sampling.top_p_filter,
@@ -456,10 +494,12 @@ def _draws() -> tuple[torch.Tensor, float, float]:
 
 def _consuming(answer):
     """``answer`` preceded by draws from every global random generator, as a careless answer would do."""
+
     def wrapped(*args, **kwargs):
         _draws()
         torch.manual_seed(1234)  # reseeding is the worst case: it resets the stream instead of advancing it
         return answer(*args, **kwargs)
+
     return wrapped
 
 
@@ -496,8 +536,13 @@ def test_checker_decorator_builds_a_public_checker(capsys):
     def check_double(c: ex.Checker, double) -> None:
         """Check ``double(x) -> 2 x``."""
         calls.append(double)
-        c.case("x = 3", lambda: double(torch.tensor(3.0)), torch.tensor(6.0),
-               bugs=(ex.Bug(lambda: torch.tensor(9.0), "you squared x."),), hint="return 2 * x.")
+        c.case(
+            "x = 3",
+            lambda: double(torch.tensor(3.0)),
+            torch.tensor(6.0),
+            bugs=(ex.Bug(lambda: torch.tensor(9.0), "you squared x."),),
+            hint="return 2 * x.",
+        )
 
     assert check_double.__name__ == "check_double" and check_double.__doc__ == "Check ``double(x) -> 2 x``."
     assert str(inspect.signature(check_double)) == "(double, /) -> 'CheckResult'"
@@ -508,7 +553,7 @@ def test_checker_decorator_builds_a_public_checker(capsys):
     assert capsys.readouterr().out == "check_double: expected a function, got str\n"
 
     assert check_double(lambda x: 2 * x).text == "check_double: All 1 checks passed.\n  ✅ x = 3"
-    squared = check_double(lambda x: x ** 2)
+    squared = check_double(lambda x: x**2)
     assert not squared.passed and "Hint: you squared x." in squared.text and "1 of 1 checks failed" in squared.text
     crashed = check_double(lambda x: x.missing())
     assert "raised AttributeError" in crashed.text and "Hint: return 2 * x." in crashed.text

@@ -13,8 +13,10 @@ def test_top_k_checker():
     assert "not 0" in ex.check_top_k_filter(lambda x, k: good_top_k(x, k).nan_to_num(neginf=0.0)).text
     flipped = ex.check_top_k_filter(lambda x, k: x.masked_fill(~torch.isinf(good_top_k(x, k)), float("-inf")))
     assert not flipped.passed
-    assert "min(k" in ex.check_top_k_filter(lambda x, k: x.masked_fill(x < x.topk(k, -1).values[..., -1:],
-                                                                          float("-inf"))).text
+    assert (
+        "min(k"
+        in ex.check_top_k_filter(lambda x, k: x.masked_fill(x < x.topk(k, -1).values[..., -1:], float("-inf"))).text
+    )
 
 
 def test_top_p_checker():
@@ -32,6 +34,7 @@ def test_top_p_checker():
     assert ex.check_top_p_filter(good).passed
     result = ex.check_top_p_filter(crosses)
     assert not result.passed and "makes the total cross p" in result.text
-    unsorted = ex.check_top_p_filter(lambda x, p: x.masked_fill(x.softmax(-1).cumsum(-1) - x.softmax(-1) >= p,
-                                                                float("-inf")))
+    unsorted = ex.check_top_p_filter(
+        lambda x, p: x.masked_fill(x.softmax(-1).cumsum(-1) - x.softmax(-1) >= p, float("-inf"))
+    )
     assert "sort the probabilities" in unsorted.text

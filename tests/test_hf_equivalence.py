@@ -32,29 +32,61 @@ def _quiet(model):
 
 
 def gpt2_pair(n_layers: int = 2, n_heads: int = 4, d_model: int = 32) -> tuple[GPT, torch.nn.Module]:
-    hf_config = transformers.GPT2Config(vocab_size=VOCAB, n_positions=BLOCK, n_embd=d_model, n_layer=n_layers,
-                                        n_head=n_heads, activation_function="gelu_new", layer_norm_epsilon=1e-5,
-                                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0,
-                                        eos_token_id=0)
+    hf_config = transformers.GPT2Config(
+        vocab_size=VOCAB,
+        n_positions=BLOCK,
+        n_embd=d_model,
+        n_layer=n_layers,
+        n_head=n_heads,
+        activation_function="gelu_new",
+        layer_norm_epsilon=1e-5,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     hf = _quiet(transformers.GPT2LMHeadModel(hf_config))
-    ours = GPT(GPTConfig(vocab_size=VOCAB, block_size=BLOCK, n_layers=n_layers, n_heads=n_heads, d_model=d_model,
-                         activation="gelu_tanh", norm_eps=1e-5, positional="learned", tie_weights=True)).eval()
+    ours = GPT(
+        GPTConfig(
+            vocab_size=VOCAB,
+            block_size=BLOCK,
+            n_layers=n_layers,
+            n_heads=n_heads,
+            d_model=d_model,
+            activation="gelu_tanh",
+            norm_eps=1e-5,
+            positional="learned",
+            tie_weights=True,
+        )
+    ).eval()
     sd = hf.state_dict()
-    mine = {"tok_emb.weight": sd["transformer.wte.weight"], "pos.weight": sd["transformer.wpe.weight"],
-            "norm_f.weight": sd["transformer.ln_f.weight"], "norm_f.bias": sd["transformer.ln_f.bias"],
-            "lm_head.weight": sd["transformer.wte.weight"]}
+    mine = {
+        "tok_emb.weight": sd["transformer.wte.weight"],
+        "pos.weight": sd["transformer.wpe.weight"],
+        "norm_f.weight": sd["transformer.ln_f.weight"],
+        "norm_f.bias": sd["transformer.ln_f.bias"],
+        "lm_head.weight": sd["transformer.wte.weight"],
+    }
     for i in range(n_layers):
         h, b = f"transformer.h.{i}.", f"blocks.{i}."
         # GPT-2 stores its linear layers as Conv1D: weight (in, out), the transpose of nn.Linear's.
         q, k, v = sd[h + "attn.c_attn.weight"].t().chunk(3)  # (d_model, d_model) each
         qb, kb, vb = sd[h + "attn.c_attn.bias"].chunk(3)
-        mine |= {b + "self_attn.q_proj.weight": q, b + "self_attn.k_proj.weight": k, b + "self_attn.v_proj.weight": v,
-                 b + "self_attn.q_proj.bias": qb, b + "self_attn.k_proj.bias": kb, b + "self_attn.v_proj.bias": vb,
-                 b + "self_attn.out_proj.weight": sd[h + "attn.c_proj.weight"].t(),
-                 b + "self_attn.out_proj.bias": sd[h + "attn.c_proj.bias"],
-                 b + "ff.linear1.weight": sd[h + "mlp.c_fc.weight"].t(), b + "ff.linear1.bias": sd[h + "mlp.c_fc.bias"],
-                 b + "ff.linear2.weight": sd[h + "mlp.c_proj.weight"].t(),
-                 b + "ff.linear2.bias": sd[h + "mlp.c_proj.bias"]}
+        mine |= {
+            b + "self_attn.q_proj.weight": q,
+            b + "self_attn.k_proj.weight": k,
+            b + "self_attn.v_proj.weight": v,
+            b + "self_attn.q_proj.bias": qb,
+            b + "self_attn.k_proj.bias": kb,
+            b + "self_attn.v_proj.bias": vb,
+            b + "self_attn.out_proj.weight": sd[h + "attn.c_proj.weight"].t(),
+            b + "self_attn.out_proj.bias": sd[h + "attn.c_proj.bias"],
+            b + "ff.linear1.weight": sd[h + "mlp.c_fc.weight"].t(),
+            b + "ff.linear1.bias": sd[h + "mlp.c_fc.bias"],
+            b + "ff.linear2.weight": sd[h + "mlp.c_proj.weight"].t(),
+            b + "ff.linear2.bias": sd[h + "mlp.c_proj.bias"],
+        }
         for n in (1, 2):
             for p in ("weight", "bias"):
                 mine[f"{b}norm{n}.{p}"] = sd[f"{h}ln_{n}.{p}"]
@@ -79,33 +111,64 @@ def rope_halves_to_pairs(w: Tensor, n_heads: int) -> Tensor:
     return w.transpose(1, 2).reshape(n_heads * d_head, -1)  # (heads, pairs, halves, d_model) -> rows 2i, 2i+1
 
 
-def llama_pair(n_layers: int = 2, n_heads: int = 4, n_kv_heads: int = 2, d_model: int = 32,
-               d_ff: int = 72) -> tuple[GPT, torch.nn.Module]:
-    hf_config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=d_model, intermediate_size=d_ff,
-                                         num_hidden_layers=n_layers, num_attention_heads=n_heads,
-                                         num_key_value_heads=n_kv_heads, max_position_embeddings=BLOCK,
-                                         rope_theta=500000.0, rms_norm_eps=1e-5, tie_word_embeddings=False,
-                                         attention_bias=False, mlp_bias=False, bos_token_id=0, eos_token_id=0,
-                                         pad_token_id=0)
+def llama_pair(
+    n_layers: int = 2, n_heads: int = 4, n_kv_heads: int = 2, d_model: int = 32, d_ff: int = 72
+) -> tuple[GPT, torch.nn.Module]:
+    hf_config = transformers.LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=d_model,
+        intermediate_size=d_ff,
+        num_hidden_layers=n_layers,
+        num_attention_heads=n_heads,
+        num_key_value_heads=n_kv_heads,
+        max_position_embeddings=BLOCK,
+        rope_theta=500000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        attention_bias=False,
+        mlp_bias=False,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+    )
     hf = _quiet(transformers.LlamaForCausalLM(hf_config))
-    ours = GPT(GPTConfig(vocab_size=VOCAB, block_size=BLOCK, n_layers=n_layers, n_heads=n_heads,
-                         n_kv_heads=n_kv_heads, d_model=d_model, d_ff=d_ff, positional="rope", rope_base=500000.0,
-                         norm="rmsnorm", norm_eps=1e-5, activation="swiglu", bias=False,
-                         tie_weights=False)).eval()
+    ours = GPT(
+        GPTConfig(
+            vocab_size=VOCAB,
+            block_size=BLOCK,
+            n_layers=n_layers,
+            n_heads=n_heads,
+            n_kv_heads=n_kv_heads,
+            d_model=d_model,
+            d_ff=d_ff,
+            positional="rope",
+            rope_base=500000.0,
+            norm="rmsnorm",
+            norm_eps=1e-5,
+            activation="swiglu",
+            bias=False,
+            tie_weights=False,
+        )
+    ).eval()
     sd = hf.state_dict()
-    mine = {"tok_emb.weight": sd["model.embed_tokens.weight"], "norm_f.weight": sd["model.norm.weight"],
-            "lm_head.weight": sd["lm_head.weight"]}
+    mine = {
+        "tok_emb.weight": sd["model.embed_tokens.weight"],
+        "norm_f.weight": sd["model.norm.weight"],
+        "lm_head.weight": sd["lm_head.weight"],
+    }
     for i in range(n_layers):
         h, b = f"model.layers.{i}.", f"blocks.{i}."
-        mine |= {b + "self_attn.q_proj.weight": rope_halves_to_pairs(sd[h + "self_attn.q_proj.weight"], n_heads),
-                 b + "self_attn.k_proj.weight": rope_halves_to_pairs(sd[h + "self_attn.k_proj.weight"], n_kv_heads),
-                 b + "self_attn.v_proj.weight": sd[h + "self_attn.v_proj.weight"],
-                 b + "self_attn.out_proj.weight": sd[h + "self_attn.o_proj.weight"],
-                 # SwiGLU: linear1 computes [gate; value] = [gate_proj; up_proj], hidden = silu(gate) * value
-                 b + "ff.linear1.weight": torch.cat([sd[h + "mlp.gate_proj.weight"], sd[h + "mlp.up_proj.weight"]]),
-                 b + "ff.linear2.weight": sd[h + "mlp.down_proj.weight"],
-                 b + "norm1.weight": sd[h + "input_layernorm.weight"],
-                 b + "norm2.weight": sd[h + "post_attention_layernorm.weight"]}
+        mine |= {
+            b + "self_attn.q_proj.weight": rope_halves_to_pairs(sd[h + "self_attn.q_proj.weight"], n_heads),
+            b + "self_attn.k_proj.weight": rope_halves_to_pairs(sd[h + "self_attn.k_proj.weight"], n_kv_heads),
+            b + "self_attn.v_proj.weight": sd[h + "self_attn.v_proj.weight"],
+            b + "self_attn.out_proj.weight": sd[h + "self_attn.o_proj.weight"],
+            # SwiGLU: linear1 computes [gate; value] = [gate_proj; up_proj], hidden = silu(gate) * value
+            b + "ff.linear1.weight": torch.cat([sd[h + "mlp.gate_proj.weight"], sd[h + "mlp.up_proj.weight"]]),
+            b + "ff.linear2.weight": sd[h + "mlp.down_proj.weight"],
+            b + "norm1.weight": sd[h + "input_layernorm.weight"],
+            b + "norm2.weight": sd[h + "post_attention_layernorm.weight"],
+        }
     ours.load_state_dict(mine, strict=True)
     return ours, hf
 
@@ -139,8 +202,9 @@ def test_greedy_generation_equal(pair, use_cache):
     ours, hf = pair
     idx = torch.randint(VOCAB, (2, 6))
     mine, logits = ours.generate(idx, 12, temperature=0, use_cache=use_cache, return_logits=True)
-    theirs = hf.generate(idx, max_new_tokens=12, do_sample=False, use_cache=use_cache, output_scores=True,
-                         return_dict_in_generate=True)
+    theirs = hf.generate(
+        idx, max_new_tokens=12, do_sample=False, use_cache=use_cache, output_scores=True, return_dict_in_generate=True
+    )
     assert torch.equal(mine, theirs.sequences)
     torch.testing.assert_close(logits, torch.stack(theirs.scores, dim=1), atol=ATOL, rtol=0)
 
@@ -152,12 +216,12 @@ def test_left_padded_batch_equals_each_prompt_alone_and_hugging_face(pair):
     idx = torch.zeros(len(prompts), T0, dtype=torch.long)  # pad id 0, on the left
     attention_mask = torch.zeros(len(prompts), T0, dtype=torch.long)
     for row, p in enumerate(prompts):
-        idx[row, T0 - len(p):] = p
-        attention_mask[row, T0 - len(p):] = 1
+        idx[row, T0 - len(p) :] = p
+        attention_mask[row, T0 - len(p) :] = 1
     batched, batched_logits = ours.generate(idx, 8, temperature=0, attention_mask=attention_mask, return_logits=True)
     for row, p in enumerate(prompts):
         alone, alone_logits = ours.generate(p[None], 8, temperature=0, return_logits=True)
-        assert torch.equal(batched[row, T0 - len(p):], alone[0]), f"row {row} differs from its prompt alone"
+        assert torch.equal(batched[row, T0 - len(p) :], alone[0]), f"row {row} differs from its prompt alone"
         torch.testing.assert_close(batched_logits[row], alone_logits[0], atol=ATOL, rtol=0)
     theirs = hf.generate(idx, attention_mask=attention_mask, max_new_tokens=8, do_sample=False)
     assert torch.equal(batched, theirs)
@@ -193,21 +257,42 @@ def test_generation_past_the_context_slides_the_window_like_uncached():
 def test_bert_equals_hugging_face():
     torch.manual_seed(0)
     n_layers, d_model, n_heads = 2, 32, 4
-    hf = transformers.BertModel(transformers.BertConfig(
-        vocab_size=VOCAB, hidden_size=d_model, num_hidden_layers=n_layers, num_attention_heads=n_heads,
-        intermediate_size=64, max_position_embeddings=BLOCK, type_vocab_size=2, hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0, layer_norm_eps=1e-12), add_pooling_layer=False).eval()
-    ours = EncoderOnlyTransformer(VOCAB, max_len=BLOCK, d_model=d_model, n_heads=n_heads, n_layers=n_layers, d_ff=64,
-                                  activation="gelu", eps=1e-12).eval()
+    hf = transformers.BertModel(
+        transformers.BertConfig(
+            vocab_size=VOCAB,
+            hidden_size=d_model,
+            num_hidden_layers=n_layers,
+            num_attention_heads=n_heads,
+            intermediate_size=64,
+            max_position_embeddings=BLOCK,
+            type_vocab_size=2,
+            hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0,
+            layer_norm_eps=1e-12,
+        ),
+        add_pooling_layer=False,
+    ).eval()
+    ours = EncoderOnlyTransformer(
+        VOCAB, max_len=BLOCK, d_model=d_model, n_heads=n_heads, n_layers=n_layers, d_ff=64, activation="gelu", eps=1e-12
+    ).eval()
     sd = hf.state_dict()
-    mine = {"word_embed.weight": sd["embeddings.word_embeddings.weight"],
-            "pos.weight": sd["embeddings.position_embeddings.weight"],
-            "type_embed.weight": sd["embeddings.token_type_embeddings.weight"],
-            "embed_norm.weight": sd["embeddings.LayerNorm.weight"], "embed_norm.bias": sd["embeddings.LayerNorm.bias"]}
-    names = {"attention.self.query": "self_attn.q_proj", "attention.self.key": "self_attn.k_proj",
-             "attention.self.value": "self_attn.v_proj", "attention.output.dense": "self_attn.out_proj",
-             "attention.output.LayerNorm": "norm1", "intermediate.dense": "ff.linear1",
-             "output.dense": "ff.linear2", "output.LayerNorm": "norm2"}
+    mine = {
+        "word_embed.weight": sd["embeddings.word_embeddings.weight"],
+        "pos.weight": sd["embeddings.position_embeddings.weight"],
+        "type_embed.weight": sd["embeddings.token_type_embeddings.weight"],
+        "embed_norm.weight": sd["embeddings.LayerNorm.weight"],
+        "embed_norm.bias": sd["embeddings.LayerNorm.bias"],
+    }
+    names = {
+        "attention.self.query": "self_attn.q_proj",
+        "attention.self.key": "self_attn.k_proj",
+        "attention.self.value": "self_attn.v_proj",
+        "attention.output.dense": "self_attn.out_proj",
+        "attention.output.LayerNorm": "norm1",
+        "intermediate.dense": "ff.linear1",
+        "output.dense": "ff.linear2",
+        "output.LayerNorm": "norm2",
+    }
     for i in range(n_layers):
         for theirs, mine_name in names.items():
             for p in ("weight", "bias"):

@@ -112,8 +112,16 @@ def test_config_is_immutable_and_every_field_is_checked():
     assert dataclasses.replace(cfg, activation="swiglu").d_ff == 4 * 128  # the derived d_ff is kept...
     assert dataclasses.replace(cfg, activation="swiglu", d_ff=None).d_ff == int(8 * 128 / 3)  # ...unless reset
     assert GPTConfig(vocab_size=17, block_size=24, activation="swiglu").d_ff == int(8 * 128 / 3)
-    bad = {"d_ff": -5, "vocab_size": True, "n_layers": 0, "dropout": 1.5, "rope_base": float("nan"),
-           "norm_eps": -1.0, "bias": "yes", "n_kv_heads": 0}
+    bad = {
+        "d_ff": -5,
+        "vocab_size": True,
+        "n_layers": 0,
+        "dropout": 1.5,
+        "rope_base": float("nan"),
+        "norm_eps": -1.0,
+        "bias": "yes",
+        "n_kv_heads": 0,
+    }
     for field, value in bad.items():
         with pytest.raises(ValueError, match=f"GPTConfig.{field}"):
             GPTConfig(**({"vocab_size": 17, "block_size": 24} | {field: value}))

@@ -18,8 +18,11 @@ def randomize(module: nn.Module) -> nn.Module:
 @pytest.mark.parametrize("norm_first", [False, True])
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
 def test_encoder_layer_equals_torch(norm_first, activation):
-    theirs = randomize(nn.TransformerEncoderLayer(D, H, FF, dropout=0.0, activation=activation,
-                                                  batch_first=True, norm_first=norm_first)).eval()
+    theirs = randomize(
+        nn.TransformerEncoderLayer(
+            D, H, FF, dropout=0.0, activation=activation, batch_first=True, norm_first=norm_first
+        )
+    ).eval()
     ours = copy_from_torch(EncoderLayer(D, H, FF, activation=activation, norm_first=norm_first), theirs).eval()
     x = torch.randn(3, 6, D)
     torch.testing.assert_close(ours(x), theirs(x))
@@ -34,8 +37,9 @@ def test_encoder_layer_equals_torch(norm_first, activation):
 
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_decoder_layer_equals_torch(norm_first):
-    theirs = randomize(nn.TransformerDecoderLayer(D, H, FF, dropout=0.0, batch_first=True,
-                                                  norm_first=norm_first)).eval()
+    theirs = randomize(
+        nn.TransformerDecoderLayer(D, H, FF, dropout=0.0, batch_first=True, norm_first=norm_first)
+    ).eval()
     ours = copy_from_torch(DecoderLayer(D, H, FF, norm_first=norm_first), theirs).eval()
     x, memory = torch.randn(2, 5, D), torch.randn(2, 8, D)  # T != S catches cross-attention reshape bugs
     src = torch.tensor([[1, 2, 3, 4, 5, 0, 0, 0], [1, 2, 3, 4, 5, 6, 7, 8]])
@@ -65,8 +69,10 @@ def test_decoder_layer_incremental_equals_full():
     x, memory = torch.randn(2, 5, D), torch.randn(2, 7, D)
     full = layer(x, memory, tgt_is_causal=True)
     self_cache, cross_cache = KVCache(), KVCache(static=True)
-    steps = [layer(x[:, t:t + 1], memory, tgt_is_causal=True, self_cache=self_cache, cross_cache=cross_cache)
-             for t in range(5)]
+    steps = [
+        layer(x[:, t : t + 1], memory, tgt_is_causal=True, self_cache=self_cache, cross_cache=cross_cache)
+        for t in range(5)
+    ]
     torch.testing.assert_close(torch.cat(steps, 1), full)
 
 
@@ -85,18 +91,21 @@ def test_residual_gives_identity_gradient_path():
     # With the sublayers' outputs zeroed, a Pre-LN layer is the identity: d out / d x = I.
     layer = EncoderLayer(D, H, FF, norm_first=True)
     with torch.no_grad():
-        layer.self_attn.out_proj.weight.zero_(); layer.self_attn.out_proj.bias.zero_()
-        layer.ff.linear2.weight.zero_(); layer.ff.linear2.bias.zero_()
+        layer.self_attn.out_proj.weight.zero_()
+        layer.self_attn.out_proj.bias.zero_()
+        layer.ff.linear2.weight.zero_()
+        layer.ff.linear2.bias.zero_()
     x = torch.randn(1, 3, D, requires_grad=True)
     torch.testing.assert_close(layer(x), x)
-    g, = torch.autograd.grad(layer(x).sum(), x)
+    (g,) = torch.autograd.grad(layer(x).sum(), x)
     torch.testing.assert_close(g, torch.ones_like(x))
 
 
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_layers_without_bias_equal_torch(norm_first):
-    theirs = randomize(nn.TransformerEncoderLayer(D, H, FF, dropout=0.0, batch_first=True, norm_first=norm_first,
-                                                  bias=False)).eval()
+    theirs = randomize(
+        nn.TransformerEncoderLayer(D, H, FF, dropout=0.0, batch_first=True, norm_first=norm_first, bias=False)
+    ).eval()
     ours = copy_from_torch(EncoderLayer(D, H, FF, norm_first=norm_first, bias=False), theirs).eval()
     assert ours.norm1.bias is None and ours.ff.linear1.bias is None
     x = torch.randn(2, 5, D)

@@ -6,6 +6,7 @@ import of the package ``__init__`` (which imports the core, not the other way ro
 The graph and the rule live in ``scripts/import_graph.py``, which also prints the graph:
 ``python scripts/import_graph.py``.
 """
+
 from __future__ import annotations
 
 import ast
@@ -74,8 +75,10 @@ def _bad_imports_in(path: Path) -> list[str]:
                 elif module == PACKAGE and here != PACKAGE:
                     bad.append(f"line {node.lineno}: from {PACKAGE} import {', '.join(names)} (the package __init__)")
             elif node.level > 1:
-                bad.append(f"line {node.lineno}: from {'.' * node.level}{node.module or ''} import ... "
-                           "(climbs out of the package)")
+                bad.append(
+                    f"line {node.lineno}: from {'.' * node.level}{node.module or ''} import ... "
+                    "(climbs out of the package)"
+                )
             else:  # from .x import ... / from . import x
                 module = node.module or ""
                 if module == "notebook" or module.startswith("notebook.") or (not module and "notebook" in names):
@@ -141,15 +144,21 @@ def test_importing_the_core_loads_no_notebook_dependency() -> None:
     ``sys.modules`` only grows, so the first module after which a heavy one appears is the one that imported it.
     """
     modules = [PACKAGE] + [_core_name(p) for p in CORE_FILES if p.name != "__init__.py"]
-    proc = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(HEAVY), *modules], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", _PROBE, json.dumps(HEAVY), *modules],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report.pop("<startup>") == [], "the interpreter starts with a heavy module loaded: the test proves nothing"
     assert list(report) == modules
     offenders = {name: loaded for name, loaded in report.items() if loaded}
     assert not offenders, "core modules that fail to import or load a notebook-layer dependency:\n  " + "\n  ".join(
-        f"{name}: {', '.join(loaded)}" for name, loaded in offenders.items())
+        f"{name}: {', '.join(loaded)}" for name, loaded in offenders.items()
+    )
 
 
 # ---------------------------------------------------------------- (c) the import graph
@@ -203,8 +212,9 @@ def test_graph_check_reports_the_offending_arrows(tmp_path) -> None:
     assert "fakepkg/core_bad.py:1: from .notebook.plots import draw" in bad[0]
     assert bad[1].startswith("fakepkg.core_bad -> fakepkg (__init__): core module imports the package upward")
     assert bad[2].startswith("fakepkg.core_lazy -> fakepkg.notebook: core imports the notebook layer")
-    assert ig.missing(g) == ["fakepkg.core_missing -> fakepkg._renamed: no such module "
-                             "(core_missing.py:1: from ._renamed import check)"]
+    assert ig.missing(g) == [
+        "fakepkg.core_missing -> fakepkg._renamed: no such module (core_missing.py:1: from ._renamed import check)"
+    ]
     text = ig.format_graph(g, "fakepkg")
     assert re.search(r"^core_lazy +-> notebook \(lazy\)$", text, re.M), text
     assert re.search(r"^notebook.plots +-> __init__, core_ok$", text, re.M), text

@@ -4,12 +4,21 @@ import pytest
 import torch
 from torch import nn
 
-from transformer_lib import (LayerNorm, MultiHeadAttention, RMSNorm, RotaryEmbedding, causal_mask, combine_masks,
-                             padding_mask, prefix_lm_mask, sinusoidal_encoding)
+from transformer_lib import (
+    LayerNorm,
+    MultiHeadAttention,
+    RMSNorm,
+    RotaryEmbedding,
+    causal_mask,
+    combine_masks,
+    padding_mask,
+    prefix_lm_mask,
+    sinusoidal_encoding,
+)
 from transformer_lib.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 
-
 # ---------------------------------------------------------------- masks
+
 
 def test_causal_mask_is_lower_triangular_and_bottom_right_aligned():
     assert torch.equal(causal_mask(4), torch.tril(torch.ones(4, 4, dtype=torch.bool)))
@@ -42,6 +51,7 @@ def test_combine_masks_is_and_with_broadcasting():
 
 # ---------------------------------------------------------------- norms
 
+
 @pytest.mark.parametrize("bias", [True, False])
 def test_layernorm_equals_torch(bias):
     ours, theirs = LayerNorm(12, eps=1e-5, bias=bias), nn.LayerNorm(12, eps=1e-5, bias=bias)
@@ -53,8 +63,8 @@ def test_layernorm_equals_torch(bias):
     x = torch.randn(3, 5, 12) * 4 + 2
     torch.testing.assert_close(ours(x), theirs(x))
     x.requires_grad_(True)
-    g1, = torch.autograd.grad(ours(x).square().sum(), x)
-    g2, = torch.autograd.grad(theirs(x).square().sum(), x)
+    (g1,) = torch.autograd.grad(ours(x).square().sum(), x)
+    (g2,) = torch.autograd.grad(theirs(x).square().sum(), x)
     torch.testing.assert_close(g1, g2)
 
 
@@ -81,6 +91,7 @@ def test_norms_act_on_each_position_alone():
 
 
 # ---------------------------------------------------------------- positions
+
 
 def test_sinusoidal_formula_sin_even_cos_odd():
     pe = sinusoidal_encoding(50, 16)
@@ -149,6 +160,6 @@ def test_fused_norms_equal_the_written_out_ones(norm_cls):
     fused.load_state_dict(written.state_dict())
     x = (torch.randn(3, 4, 16) * 3 + 1).requires_grad_(True)
     torch.testing.assert_close(fused(x), written(x))
-    g1, = torch.autograd.grad(written(x).square().sum(), x)
-    g2, = torch.autograd.grad(fused(x).square().sum(), x)
+    (g1,) = torch.autograd.grad(written(x).square().sum(), x)
+    (g2,) = torch.autograd.grad(fused(x).square().sum(), x)
     torch.testing.assert_close(g1, g2)

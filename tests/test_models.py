@@ -5,10 +5,12 @@ import torch.nn.functional as F
 from transformer_lib import GPT, GPTConfig, Seq2SeqTransformer, count_parameters
 from transformer_lib.sampling import sample_next_token, top_k_filter, top_p_filter
 
-VARIANTS = [dict(positional="learned", norm="layernorm", activation="gelu"),
-            dict(positional="sinusoidal", norm="layernorm", activation="relu"),
-            dict(positional="rope", norm="rmsnorm", activation="swiglu", bias=False),
-            dict(positional="learned", norm="layernorm", activation="gelu", norm_first=False)]
+VARIANTS = [
+    dict(positional="learned", norm="layernorm", activation="gelu"),
+    dict(positional="sinusoidal", norm="layernorm", activation="relu"),
+    dict(positional="rope", norm="rmsnorm", activation="swiglu", bias=False),
+    dict(positional="learned", norm="layernorm", activation="gelu", norm_first=False),
+]
 
 
 def small_gpt(**kw):
@@ -29,6 +31,7 @@ def test_gpt_has_no_causal_leak(variant):
     assert not torch.allclose(a[:, 8:], b[:, 8:])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_gpt_kv_cache_gives_same_tokens_and_logits(variant):
     model = small_gpt(**variant)
@@ -39,8 +42,9 @@ def test_gpt_kv_cache_gives_same_tokens_and_logits(variant):
     assert torch.equal(greedy_c, greedy_n)
     torch.testing.assert_close(logits_c, logits_n, atol=1e-5, rtol=1e-5)
     sampled_c = model.generate(prompt, 20, top_k=5, top_p=0.9, generator=torch.Generator().manual_seed(1))
-    sampled_n = model.generate(prompt, 20, top_k=5, top_p=0.9, use_cache=False,
-                               generator=torch.Generator().manual_seed(1))
+    sampled_n = model.generate(
+        prompt, 20, top_k=5, top_p=0.9, use_cache=False, generator=torch.Generator().manual_seed(1)
+    )
     assert torch.equal(sampled_c, sampled_n)
 
 
@@ -64,7 +68,7 @@ def test_gpt_sinusoidal_scales_token_embeddings_like_vaswani():
     for positional, scale in (("sinusoidal", 4.0), ("learned", 1.0), ("rope", 1.0), ("none", 1.0)):
         model = small_gpt(positional=positional)
         seen = []
-        model.blocks[0].register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+        model.blocks[0].register_forward_pre_hook(lambda module, args, seen=seen: seen.append(args[0]))
         model(idx)
         expected = model.tok_emb(idx) * scale  # d_model = 16
         if positional == "sinusoidal":
@@ -82,7 +86,9 @@ def test_gpt_learns_a_copy_pattern():
         half = torch.randint(0, 8, (16, 8))
         seq = torch.cat([half, half], 1)  # the second half repeats the first: needs attention to look back
         _, loss = model(seq[:, :-1], seq[:, 1:])
-        opt.zero_grad(); loss.backward(); opt.step()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
     model.eval()
     half = torch.randint(0, 8, (64, 8))
     seq = torch.cat([half, half], 1)
@@ -114,8 +120,9 @@ def test_sampling_filters():
 
 
 def test_seq2seq_shapes_leak_and_cached_decoding():
-    model = Seq2SeqTransformer(11, 13, d_model=32, n_heads=4, n_encoder_layers=2, n_decoder_layers=2, d_ff=64,
-                               dropout=0.0, pad_id=0).eval()
+    model = Seq2SeqTransformer(
+        11, 13, d_model=32, n_heads=4, n_encoder_layers=2, n_decoder_layers=2, d_ff=64, dropout=0.0, pad_id=0
+    ).eval()
     src = torch.tensor([[3, 4, 5, 6, 0, 0], [7, 8, 9, 10, 2, 1]])
     tgt = torch.tensor([[1, 5, 6, 7, 8], [1, 2, 3, 4, 5]])
     logits = model(src, tgt)
@@ -128,19 +135,21 @@ def test_seq2seq_shapes_leak_and_cached_decoding():
     torch.testing.assert_close(model(longer, tgt), logits, atol=1e-5, rtol=1e-5)
     memory = model.encode(src)
     caches = model.new_caches()
-    steps = [model.decode(tgt[:, t:t + 1], memory, src, caches=caches) for t in range(5)]
+    steps = [model.decode(tgt[:, t : t + 1], memory, src, caches=caches) for t in range(5)]
     torch.testing.assert_close(torch.cat(steps, 1), logits, atol=1e-5, rtol=1e-5)
     maps = model.attention_maps(src, tgt)
     assert [len(maps[k]) for k in ("encoder", "decoder", "cross")] == [2, 2, 2]
     assert maps["cross"][0].shape == (2, 4, 5, 6) and (maps["cross"][0][0, ..., 4:] == 0).all()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_seq2seq_learns_to_reverse(norm_first):
     torch.manual_seed(0)
     V, BOS = 10, 1
-    model = Seq2SeqTransformer(V, V, d_model=32, n_heads=4, n_encoder_layers=1, n_decoder_layers=1, d_ff=64,
-                               dropout=0.0, norm_first=norm_first)
+    model = Seq2SeqTransformer(
+        V, V, d_model=32, n_heads=4, n_encoder_layers=1, n_decoder_layers=1, d_ff=64, dropout=0.0, norm_first=norm_first
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
 
     def batch(n):
@@ -151,7 +160,9 @@ def test_seq2seq_learns_to_reverse(norm_first):
     for _ in range(250):
         src, tgt = batch(32)
         loss = F.cross_entropy(model(src, tgt[:, :-1]).reshape(-1, V), tgt[:, 1:].reshape(-1))
-        opt.zero_grad(); loss.backward(); opt.step()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
     model.eval()
     src, tgt = batch(100)
     acc = (model(src, tgt[:, :-1]).argmax(-1) == tgt[:, 1:]).float().mean().item()

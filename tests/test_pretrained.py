@@ -19,8 +19,9 @@ def test_minilm_equals_transformers_bert(minilm):
 
     logging.set_verbosity_error()
     model, tokenizer = minilm
-    reference = BertModel.from_pretrained(str(minilm_dir()), local_files_only=True, add_pooling_layer=False,
-                                          attn_implementation="eager").eval()
+    reference = BertModel.from_pretrained(
+        str(minilm_dir()), local_files_only=True, add_pooling_layer=False, attn_implementation="eager"
+    ).eval()
     batch = tokenizer(SENTENCES, padding=True, return_tensors="pt")
     assert batch["attention_mask"].min() == 0  # the batch really has padding
     with torch.no_grad():

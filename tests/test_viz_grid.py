@@ -1,4 +1,5 @@
 """transformer_lib.notebook.plots.plot_attention_grid: the layers x heads grid of heatmaps (chapter 3)."""
+
 from __future__ import annotations
 
 import matplotlib
@@ -39,8 +40,9 @@ def test_one_panel_per_layer_and_head_with_the_weights_and_labels():
 
 def test_subsets_batch_index_highlight_and_numpy_input():
     maps = _maps(n_layers=3, B=2)
-    fig = plots.plot_attention_grid([m.numpy() for m in maps], TOKENS, layers=[2], heads=[0, 2], batch_index=1,
-                                  highlight=[(2, 2)], vmax=None)
+    fig = plots.plot_attention_grid(
+        [m.numpy() for m in maps], TOKENS, layers=[2], heads=[0, 2], batch_index=1, highlight=[(2, 2)], vmax=None
+    )
     panels = _heatmaps(fig)
     assert [p.get_title() for p in panels] == ["layer 2, head 0", "layer 2, head 2"]
     np.testing.assert_allclose(panels[1].images[0].get_array(), maps[2][1, 2].numpy(), rtol=1e-6)
@@ -57,17 +59,20 @@ def test_cross_attention_and_a_single_layer_tensor():
     plt.close(fig)
 
 
-@pytest.mark.parametrize("call, error, words", [
-    (lambda: plots.plot_attention_grid(_maps(), TOKENS[:3]), ValueError, "4 positions but 3 tokens"),
-    (lambda: plots.plot_attention_grid(_maps(T_q=2), ["a", "b"]), ValueError, "pass tokens_k"),
-    (lambda: plots.plot_attention_grid([torch.rand(4, 4)], TOKENS), ValueError, "(n_heads, T_q, T_k)"),
-    (lambda: plots.plot_attention_grid(_maps(), TOKENS, heads=[3]), ValueError, "heads"),
-    (lambda: plots.plot_attention_grid(_maps(), TOKENS, layers=[]), ValueError, "layers"),
-    (lambda: plots.plot_attention_grid(_maps(B=1), TOKENS, batch_index=1), ValueError, "batch_index"),
-    (lambda: plots.plot_attention_grid([torch.ones(1, 2, 4, 4, dtype=torch.long)], TOKENS), TypeError, "floating"),
-    (lambda: plots.plot_attention_grid([], TOKENS), TypeError, "non-empty"),
-    (lambda: plots.plot_attention_grid(_maps() + _maps(T_q=3, T_k=3), TOKENS), ValueError, "same (T_q, T_k)"),
-])
+@pytest.mark.parametrize(
+    "call, error, words",
+    [
+        (lambda: plots.plot_attention_grid(_maps(), TOKENS[:3]), ValueError, "4 positions but 3 tokens"),
+        (lambda: plots.plot_attention_grid(_maps(T_q=2), ["a", "b"]), ValueError, "pass tokens_k"),
+        (lambda: plots.plot_attention_grid([torch.rand(4, 4)], TOKENS), ValueError, "(n_heads, T_q, T_k)"),
+        (lambda: plots.plot_attention_grid(_maps(), TOKENS, heads=[3]), ValueError, "heads"),
+        (lambda: plots.plot_attention_grid(_maps(), TOKENS, layers=[]), ValueError, "layers"),
+        (lambda: plots.plot_attention_grid(_maps(B=1), TOKENS, batch_index=1), ValueError, "batch_index"),
+        (lambda: plots.plot_attention_grid([torch.ones(1, 2, 4, 4, dtype=torch.long)], TOKENS), TypeError, "floating"),
+        (lambda: plots.plot_attention_grid([], TOKENS), TypeError, "non-empty"),
+        (lambda: plots.plot_attention_grid(_maps() + _maps(T_q=3, T_k=3), TOKENS), ValueError, "same (T_q, T_k)"),
+    ],
+)
 def test_bad_input_names_what_was_expected(call, error, words):
     with pytest.raises(error, match=None) as info:
         call()

@@ -5,6 +5,7 @@ drawn once and the controls are ``jslink``ed to nested stacks of those pictures.
 only links in the browser, so the tests read the links from the widget state that gets
 saved into the page (``ipywidgets.embed.embed_data``) and follow them by hand.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -79,8 +80,9 @@ def labelled_frames(monkeypatch):
 
 
 def _controls(box: ipywidgets.VBox) -> dict[str, ipywidgets.widgets.widget_selection._Selection]:
-    return {c.description: c for c in box.children if isinstance(c, (ipywidgets.SelectionSlider,
-                                                                      ipywidgets.ToggleButtons))}
+    return {
+        c.description: c for c in box.children if isinstance(c, (ipywidgets.SelectionSlider, ipywidgets.ToggleButtons))
+    }
 
 
 def _root_stack(box: ipywidgets.VBox) -> ipywidgets.Stack:
@@ -109,7 +111,7 @@ def _saved_links(box: ipywidgets.VBox) -> list[tuple[str, tuple, tuple]]:
     for _, stack in _stacks(_root_stack(box)):
         ours[stack.model_id] = stack
     links = []
-    for model_id, entry in embed_data(views=[box])["manager_state"]["state"].items():
+    for entry in embed_data(views=[box])["manager_state"]["state"].values():
         if entry["model_name"] not in ("LinkModel", "DirectionalLinkModel"):
             continue
         (src, src_trait), (dst, dst_trait) = entry["state"]["source"], entry["state"]["target"]
@@ -155,8 +157,10 @@ def test_book_mode_frames_are_inline_pngs() -> None:
     box = widgets.explore(draw, {"heads": [1, 2], "scale": [1.0], "mask": ["none"]}, live=False)
     leaves = [c for _, s in _stacks(_root_stack(box)) for c in s.children if isinstance(c, ipywidgets.HTML)]
     assert len(leaves) == 2
-    assert all(re.fullmatch(r'<img src="data:image/png;base64,[A-Za-z0-9+/=]+" style="max-width:100%">', leaf.value)
-               for leaf in leaves)
+    assert all(
+        re.fullmatch(r'<img src="data:image/png;base64,[A-Za-z0-9+/=]+" style="max-width:100%">', leaf.value)
+        for leaf in leaves
+    )
     assert leaves[0].value != leaves[1].value, "the two frames are the same picture"
     assert plt.get_fignums() == []
     assert box.children[-1].value == widgets.PRECOMPUTED_NOTE  # the reader is told the views are precomputed
@@ -213,7 +217,7 @@ def test_changing_a_control_selects_the_matching_frame(labelled_frames) -> None:
     box = widgets.explore(Recorder(), CONTROLS, live=False)
     controls = _controls(box)
     for combo in reversed(COMBOS):
-        for (name, values), value in zip(CONTROLS.items(), combo):
+        for (name, values), value in zip(CONTROLS.items(), combo, strict=True):
             controls[name].value = value
             assert controls[name].index == values.index(value)  # the trait the link carries
         assert _shown(box, follow_links=True) == _label(combo)  # jslink acts in the browser: follow it by hand
@@ -264,8 +268,7 @@ def test_live_mode_draws_the_current_view_and_redraws_on_change() -> None:
 
 def test_live_mode_has_no_frame_limit() -> None:
     draw = Recorder()
-    widgets.explore(draw, {"heads": list(range(widgets.MAX_FRAMES + 1)), "scale": [1.0], "mask": ["none"]},
-                    live=True)
+    widgets.explore(draw, {"heads": list(range(widgets.MAX_FRAMES + 1)), "scale": [1.0], "mask": ["none"]}, live=True)
     assert len(draw.calls) == 1
 
 
@@ -365,15 +368,17 @@ def test_two_liveplots_are_two_displays(displayed) -> None:
 def test_liveplot_as_a_real_trainer_callback(displayed) -> None:
     torch.manual_seed(0)
     model = torch.nn.Linear(2, 1)
-    config = TrainConfig(max_steps=4, eval_interval=2, eval_steps=1, log_interval=1, warmup_steps=0, amp=False,
-                         progress=False)
+    config = TrainConfig(
+        max_steps=4, eval_interval=2, eval_steps=1, log_interval=1, warmup_steps=0, amp=False, progress=False
+    )
 
     def batches(generator):
         x = torch.randn(4, 2, generator=generator)
         return x, x.sum(-1, keepdim=True)
 
-    trainer = Trainer(model, config, batches, loss_fn=lambda m, b: torch.nn.functional.mse_loss(m(b[0]), b[1]),
-                      device="cpu")
+    trainer = Trainer(
+        model, config, batches, loss_fn=lambda m, b: torch.nn.functional.mse_loss(m(b[0]), b[1]), device="cpu"
+    )
     trainer.fit(callback=LivePlot())
     assert trainer.history.eval_steps == [0, 2, 4]
     assert len(displayed) == 1 and len(displayed[0][2].updates) == 2  # one display, then one update per eval

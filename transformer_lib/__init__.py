@@ -31,8 +31,7 @@ from .layers import DecoderLayer, DecoderOnlyLayer, EncoderLayer, FeedForward
 from .masks import causal_mask, combine_masks, padding_mask, prefix_lm_mask
 from .models import GPT, EncoderOnlyTransformer, GPTConfig, Seq2SeqTransformer
 from .norms import LayerNorm, RMSNorm
-from .positional import (LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding,
-                         sinusoidal_encoding)
+from .positional import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding, sinusoidal_encoding
 from .utils import count_parameters, get_device, set_seed
 
 try:  # one version source: pyproject.toml, through the installed package's metadata
@@ -41,11 +40,28 @@ except PackageNotFoundError:  # imported from a source tree that was never insta
     __version__ = "0+unknown"
 
 __all__ = [
-    "KVCache", "MultiHeadAttention", "scaled_dot_product_attention",
-    "DecoderLayer", "DecoderOnlyLayer", "EncoderLayer", "FeedForward",
-    "causal_mask", "combine_masks", "padding_mask", "prefix_lm_mask",
-    "GPT", "EncoderOnlyTransformer", "GPTConfig", "Seq2SeqTransformer",
-    "LayerNorm", "RMSNorm",
-    "LearnedPositionalEmbedding", "RotaryEmbedding", "SinusoidalPositionalEncoding", "sinusoidal_encoding",
-    "count_parameters", "get_device", "set_seed",
+    "KVCache",
+    "MultiHeadAttention",
+    "scaled_dot_product_attention",
+    "DecoderLayer",
+    "DecoderOnlyLayer",
+    "EncoderLayer",
+    "FeedForward",
+    "causal_mask",
+    "combine_masks",
+    "padding_mask",
+    "prefix_lm_mask",
+    "GPT",
+    "EncoderOnlyTransformer",
+    "GPTConfig",
+    "Seq2SeqTransformer",
+    "LayerNorm",
+    "RMSNorm",
+    "LearnedPositionalEmbedding",
+    "RotaryEmbedding",
+    "SinusoidalPositionalEncoding",
+    "sinusoidal_encoding",
+    "count_parameters",
+    "get_device",
+    "set_seed",
 ]

@@ -12,8 +12,9 @@ from torch import Tensor
 INTEGER_DTYPES = (torch.int64, torch.int32, torch.int16, torch.uint8)
 
 
-def _validate_tensor(name: str, x: object, ndim: int | tuple[int, ...] | None = None,
-                     floating: bool = False, last_dim: int | None = None) -> Tensor:
+def _validate_tensor(
+    name: str, x: object, ndim: int | tuple[int, ...] | None = None, floating: bool = False, last_dim: int | None = None
+) -> Tensor:
     """Check that ``x`` is a tensor of the given rank, kind and last dimension; return it."""
     if not isinstance(x, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
@@ -44,8 +45,9 @@ def _validate_token_ids(name: str, idx: object, vocab_size: int, max_len: int | 
     return idx
 
 
-def _validate_mask(mask: object, shape: tuple[int, ...] | torch.Size | None = None,
-                   names: str = "(B, n_heads, T_q, T_k)") -> Tensor | None:
+def _validate_mask(
+    mask: object, shape: tuple[int, ...] | torch.Size | None = None, names: str = "(B, n_heads, T_q, T_k)"
+) -> Tensor | None:
     """A boolean mask (True = may attend) that broadcasts to ``shape`` without adding axes; ``None`` passes.
 
     ``names`` spells ``shape`` for the error message, e.g. "(B, n_heads, T_q, T_k)".
@@ -71,8 +73,9 @@ def _validate_attention_mask(attention_mask: object, B: int, T: int) -> Tensor:
     """A (B, T) padding mask, 1/True for real tokens and 0/False for padding; returned as bool."""
     m = _validate_tensor("attention_mask", attention_mask, ndim=2)
     if tuple(m.shape) != (B, T):
-        raise ValueError(f"attention_mask must have shape (B, T) = {(B, T)} (1 = token, 0 = padding), "
-                         f"got {tuple(m.shape)}")
+        raise ValueError(
+            f"attention_mask must have shape (B, T) = {(B, T)} (1 = token, 0 = padding), got {tuple(m.shape)}"
+        )
     if m.dtype != torch.bool:
         if m.is_floating_point() or not ((m == 0) | (m == 1)).all():
             raise ValueError("attention_mask must hold only 0 (padding) and 1 (token), or booleans")

@@ -132,19 +132,30 @@ class MultiHeadAttention(nn.Module):
     Defined in chapter 3, Multi-head attention.
     """
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True,
-                 rotary: nn.Module | None = None, n_kv_heads: int | None = None) -> None:
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        dropout: float = 0.0,
+        bias: bool = True,
+        rotary: nn.Module | None = None,
+        n_kv_heads: int | None = None,
+    ) -> None:
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         for name, value in (("d_model", d_model), ("n_heads", n_heads), ("n_kv_heads", n_kv_heads)):
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if d_model % n_heads != 0:
-            raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads}); "
-                             f"d_model / n_heads = {d_model / n_heads:g} is not an integer")
+            raise ValueError(
+                f"d_model ({d_model}) must be divisible by n_heads ({n_heads}); "
+                f"d_model / n_heads = {d_model / n_heads:g} is not an integer"
+            )
         if n_heads % n_kv_heads != 0:
-            raise ValueError(f"n_heads ({n_heads}) must be a multiple of n_kv_heads ({n_kv_heads}): "
-                             f"each key/value head serves the same number of query heads")
+            raise ValueError(
+                f"n_heads ({n_heads}) must be a multiple of n_kv_heads ({n_kv_heads}): "
+                f"each key/value head serves the same number of query heads"
+            )
         self.d_model, self.n_heads, self.n_kv_heads = d_model, n_heads, n_kv_heads
         self.d_head = d_model // n_heads
         d_kv = n_kv_heads * self.d_head
@@ -208,11 +219,14 @@ class MultiHeadAttention(nn.Module):
         for name, t in (("query", query), ("key", key), ("value", value)):
             _validate_tensor(name, t, ndim=3, floating=True, last_dim=self.d_model)
         if key.shape[:2] != value.shape[:2] or key.shape[0] != query.shape[0]:
-            raise ValueError(f"query, key and value must share B and key/value must share T_k; got query "
-                             f"{tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}")
+            raise ValueError(
+                f"query, key and value must share B and key/value must share T_k; got query "
+                f"{tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}"
+            )
 
-    def _project(self, query: Tensor, key: Tensor, value: Tensor,
-                 cache: KVCache | None) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    def _project(
+        self, query: Tensor, key: Tensor, value: Tensor, cache: KVCache | None
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """q, k, v projections; k and v are None when a static cache already holds them.
 
         Self-attention runs one matmul with the three weights stacked (the "fused" projection).
@@ -226,8 +240,9 @@ class MultiHeadAttention(nn.Module):
             return F.linear(query, w, b).split([self.d_model, d_kv, d_kv], dim=-1)
         return self.q_proj(query), self.k_proj(key), self.v_proj(value)
 
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool,
-                need_weights: bool) -> tuple[Tensor, Tensor | None]:
+    def _attend(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, need_weights: bool
+    ) -> tuple[Tensor, Tensor | None]:
         """softmax(q k^T / sqrt(d_head)) v in every head, explicit (with weights) or fused.
 
         Shapes: q (B, n_heads, T_q, d_head), k/v (B, n_heads, T_k, d_head)

@@ -84,8 +84,9 @@ class BPETokenizer:
 
     # --- construction -------------------------------------------------------------------
     @classmethod
-    def from_files(cls, vocab_json: str | Path, merges_txt: str | Path,
-                   special_tokens: Iterable[str] = ()) -> BPETokenizer:
+    def from_files(
+        cls, vocab_json: str | Path, merges_txt: str | Path, special_tokens: Iterable[str] = ()
+    ) -> BPETokenizer:
         """Load GPT-2-format files: ``vocab.json`` (token string -> id) and ``merges.txt``
         (a ``#version`` header line, then one merge ``"a b"`` per line, in priority order).
 
@@ -217,20 +218,28 @@ def train_bpe(text: str, vocab_size: int = 512, special_tokens: Iterable[str] = 
         raise TypeError(f"vocab_size must be an int, got {vocab_size!r} ({type(vocab_size).__name__})")
     minimum = N_BYTES + len(specials)
     if vocab_size < minimum:
-        raise ValueError(f"a byte-level BPE needs vocab_size >= 256 bytes + {len(specials)} special tokens "
-                         f"= {minimum}, got {vocab_size}")
+        raise ValueError(
+            f"a byte-level BPE needs vocab_size >= 256 bytes + {len(specials)} special tokens "
+            f"= {minimum}, got {vocab_size}"
+        )
     tok = _gpt2_pipeline(tk.Tokenizer(tk.models.BPE()))
-    trainer = tk.trainers.BpeTrainer(vocab_size=int(vocab_size), special_tokens=specials,
-                                     initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet(),
-                                     show_progress=False)
+    trainer = tk.trainers.BpeTrainer(
+        vocab_size=int(vocab_size),
+        special_tokens=specials,
+        initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     lines = text.splitlines(keepends=True)
-    chunks = ("".join(lines[i:i + _CHUNK_LINES]) for i in range(0, len(lines), _CHUNK_LINES))
+    chunks = ("".join(lines[i : i + _CHUNK_LINES]) for i in range(0, len(lines), _CHUNK_LINES))
     if specials:  # special tokens are not text to learn merges from
         pattern = re.compile("|".join(re.escape(s) for s in sorted(specials, key=len, reverse=True)))
         chunks = (piece for chunk in chunks for piece in pattern.split(chunk) if piece)
     tok.train_from_iterator(chunks, trainer)
     bpe = BPETokenizer(tok, specials)
     if bpe.vocab_size < vocab_size:
-        warnings.warn(f"the text supplied only {bpe.vocab_size - minimum} merges: vocabulary of "
-                      f"{bpe.vocab_size} ids instead of the {vocab_size} requested", stacklevel=2)
+        warnings.warn(
+            f"the text supplied only {bpe.vocab_size - minimum} merges: vocabulary of "
+            f"{bpe.vocab_size} ids instead of the {vocab_size} requested",
+            stacklevel=2,
+        )
     return bpe

@@ -28,16 +28,26 @@ def _validate_decoding(model: Seq2SeqTransformer, src: Tensor, max_len: int, **s
     if not isinstance(max_len, int) or isinstance(max_len, bool) or max_len < 1:
         raise ValueError(f"max_len must be a positive int, got {max_len!r}")
     if max_len > model.max_len:
-        raise ValueError(f"max_len={max_len}: decoding that many tokens feeds the decoder up to {max_len} positions, "
-                         f"more than the model's context of {model.max_len}")
+        raise ValueError(
+            f"max_len={max_len}: decoding that many tokens feeds the decoder up to {max_len} positions, "
+            f"more than the model's context of {model.max_len}"
+        )
     for name, value in special_ids.items():
         if not isinstance(value, int) or not 0 <= value < model.tgt_vocab_size:
             raise ValueError(f"{name} must be a token id in [0, {model.tgt_vocab_size}), got {value!r}")
 
 
 @torch.no_grad()
-def greedy_decode(model: Seq2SeqTransformer, src: Tensor, max_len: int, *, bos_id: int, eos_id: int,
-                  pad_id: int | None = None, use_cache: bool = True) -> Tensor:
+def greedy_decode(
+    model: Seq2SeqTransformer,
+    src: Tensor,
+    max_len: int,
+    *,
+    bos_id: int,
+    eos_id: int,
+    pad_id: int | None = None,
+    use_cache: bool = True,
+) -> Tensor:
     """The most likely next token at every step, until every sequence has produced ``eos_id`` (eval mode).
 
     Shapes: src (B, S) -> (B, <= max_len + 1): ``bos_id`` followed by the generated ids
@@ -51,8 +61,9 @@ def greedy_decode(model: Seq2SeqTransformer, src: Tensor, max_len: int, *, bos_i
         return _greedy(model, src, max_len, bos_id, eos_id, pad_id, use_cache)
 
 
-def _greedy(model: Seq2SeqTransformer, src: Tensor, max_len: int, bos_id: int, eos_id: int, pad_id: int,
-            use_cache: bool) -> Tensor:
+def _greedy(
+    model: Seq2SeqTransformer, src: Tensor, max_len: int, bos_id: int, eos_id: int, pad_id: int, use_cache: bool
+) -> Tensor:
     memory = model.encode(src)  # (B, S, d_model), computed once
     caches = model.new_caches() if use_cache else None
     out = torch.full((src.shape[0], 1), bos_id, dtype=torch.long, device=src.device)
@@ -76,8 +87,17 @@ def _reorder(caches: list[tuple[KVCache, KVCache]], index: Tensor) -> None:
 
 
 @torch.no_grad()
-def beam_search(model: Seq2SeqTransformer, src: Tensor, max_len: int, *, bos_id: int, eos_id: int,
-                pad_id: int | None = None, beam_size: int = 4, length_penalty: float = 1.0) -> Tensor:
+def beam_search(
+    model: Seq2SeqTransformer,
+    src: Tensor,
+    max_len: int,
+    *,
+    bos_id: int,
+    eos_id: int,
+    pad_id: int | None = None,
+    beam_size: int = 4,
+    length_penalty: float = 1.0,
+) -> Tensor:
     """Keep the ``beam_size`` most likely partial outputs at every step; return the best finished one (eval mode).
 
     Finished hypotheses are ranked by log-probability / length**length_penalty.
@@ -94,8 +114,16 @@ def beam_search(model: Seq2SeqTransformer, src: Tensor, max_len: int, *, bos_id:
         return _beam(model, src, max_len, bos_id, eos_id, pad_id, beam_size, length_penalty)
 
 
-def _beam(model: Seq2SeqTransformer, src: Tensor, max_len: int, bos_id: int, eos_id: int, pad_id: int, beam_size: int,
-          length_penalty: float) -> Tensor:
+def _beam(
+    model: Seq2SeqTransformer,
+    src: Tensor,
+    max_len: int,
+    bos_id: int,
+    eos_id: int,
+    pad_id: int,
+    beam_size: int,
+    length_penalty: float,
+) -> Tensor:
     B, k, device = src.shape[0], beam_size, src.device
     src_k = src.repeat_interleave(k, dim=0)  # (B k, S): each example once per beam
     memory = model.encode(src_k)
@@ -121,7 +149,7 @@ def _beam(model: Seq2SeqTransformer, src: Tensor, max_len: int, bos_id: int, eos
                     break
                 if tok == eos_id:  # a finished hypothesis: keep the best by normalized score
                     seq = torch.cat([seqs[b * k + src_beam], torch.tensor([eos_id], device=device)])
-                    norm = score / (t ** length_penalty)
+                    norm = score / (t**length_penalty)
                     if best[b] is None or norm > best[b][0]:
                         best[b] = (norm, seq)
                     continue
@@ -134,7 +162,7 @@ def _beam(model: Seq2SeqTransformer, src: Tensor, max_len: int, bos_id: int, eos
         seqs = torch.cat([seqs.index_select(0, index), new_token.flatten()[:, None]], dim=1)
         scores = new_scores
         # stop when no live beam can beat the best finished hypothesis of its example
-        bound = scores.max(-1).values / (max_len ** length_penalty if length_penalty > 0 else 1.0)
+        bound = scores.max(-1).values / (max_len**length_penalty if length_penalty > 0 else 1.0)
         if all(best[b] is not None and (bound[b].item() <= best[b][0]) for b in range(B)):
             break
     results = []

@@ -25,19 +25,33 @@ def copy_from_torch(ours: nn.Module, theirs: nn.Module) -> nn.Module:
     """
     if isinstance(ours, MultiHeadAttention) and isinstance(theirs, nn.MultiheadAttention):
         if theirs.embed_dim != ours.d_model or theirs.num_heads != ours.n_heads:
-            raise ValueError(f"size mismatch: ours d_model={ours.d_model}, n_heads={ours.n_heads}; "
-                             f"theirs embed_dim={theirs.embed_dim}, num_heads={theirs.num_heads}")
-        for proj, w in zip((ours.q_proj, ours.k_proj, ours.v_proj), theirs.in_proj_weight.chunk(3)):
+            raise ValueError(
+                f"size mismatch: ours d_model={ours.d_model}, n_heads={ours.n_heads}; "
+                f"theirs embed_dim={theirs.embed_dim}, num_heads={theirs.num_heads}"
+            )
+        for proj, w in zip((ours.q_proj, ours.k_proj, ours.v_proj), theirs.in_proj_weight.chunk(3), strict=True):
             proj.weight.copy_(w)
         if theirs.in_proj_bias is not None:
-            for proj, b in zip((ours.q_proj, ours.k_proj, ours.v_proj), theirs.in_proj_bias.chunk(3)):
+            for proj, b in zip((ours.q_proj, ours.k_proj, ours.v_proj), theirs.in_proj_bias.chunk(3), strict=True):
                 proj.bias.copy_(b)
         ours.out_proj.load_state_dict(theirs.out_proj.state_dict())
         return ours
-    pairs = {EncoderLayer: (nn.TransformerEncoderLayer, [("self_attn", "self_attn"), ("norm1", "norm1"),
-                                                          ("norm2", "norm2")]),
-             DecoderLayer: (nn.TransformerDecoderLayer, [("self_attn", "self_attn"), ("cross_attn", "multihead_attn"),
-                                                          ("norm1", "norm1"), ("norm2", "norm2"), ("norm3", "norm3")])}
+    pairs = {
+        EncoderLayer: (
+            nn.TransformerEncoderLayer,
+            [("self_attn", "self_attn"), ("norm1", "norm1"), ("norm2", "norm2")],
+        ),
+        DecoderLayer: (
+            nn.TransformerDecoderLayer,
+            [
+                ("self_attn", "self_attn"),
+                ("cross_attn", "multihead_attn"),
+                ("norm1", "norm1"),
+                ("norm2", "norm2"),
+                ("norm3", "norm3"),
+            ],
+        ),
+    }
     for our_type, (their_type, names) in pairs.items():
         if isinstance(ours, our_type) and isinstance(theirs, their_type):
             for our_name, their_name in names:

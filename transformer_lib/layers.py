@@ -34,8 +34,9 @@ class FeedForward(nn.Module):
     Defined in chapter 6, Encoder-decoder.
     """
 
-    def __init__(self, d_model: int, d_ff: int, activation: str = "relu", dropout: float = 0.0,
-                 bias: bool = True) -> None:
+    def __init__(
+        self, d_model: int, d_ff: int, activation: str = "relu", dropout: float = 0.0, bias: bool = True
+    ) -> None:
         super().__init__()
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
@@ -58,8 +59,9 @@ class FeedForward(nn.Module):
         return self.linear2(self.dropout(h))
 
 
-def _residual(x: Tensor, sublayer: Callable[[Tensor], Tensor], norm: nn.Module, dropout: nn.Module,
-              norm_first: bool) -> Tensor:
+def _residual(
+    x: Tensor, sublayer: Callable[[Tensor], Tensor], norm: nn.Module, dropout: nn.Module, norm_first: bool
+) -> Tensor:
     """One residual block: Pre-LN ``x + drop(f(norm(x)))`` or Post-LN ``norm(x + drop(f(x)))``."""
     if norm_first:
         return x + dropout(sublayer(norm(x)))
@@ -79,26 +81,47 @@ class EncoderLayer(nn.Module):
     Defined in chapter 6, Encoder-decoder.
     """
 
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float = 0.0, activation: str = "relu",
-                 norm_first: bool = False, norm: str = "layernorm", eps: float | None = None, bias: bool = True,
-                 rotary: nn.Module | None = None, fused_norms: bool = False, n_kv_heads: int | None = None) -> None:
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        d_ff: int,
+        dropout: float = 0.0,
+        activation: str = "relu",
+        norm_first: bool = False,
+        norm: str = "layernorm",
+        eps: float | None = None,
+        bias: bool = True,
+        rotary: nn.Module | None = None,
+        fused_norms: bool = False,
+        n_kv_heads: int | None = None,
+    ) -> None:
         super().__init__()
         self.norm_first = norm_first
-        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout=dropout, bias=bias, rotary=rotary,
-                                            n_kv_heads=n_kv_heads)
+        self.self_attn = MultiHeadAttention(
+            d_model, n_heads, dropout=dropout, bias=bias, rotary=rotary, n_kv_heads=n_kv_heads
+        )
         self.ff = FeedForward(d_model, d_ff, activation=activation, dropout=dropout, bias=bias)
         self.norm1 = make_norm(norm, d_model, eps, bias, fused_norms)
         self.norm2 = make_norm(norm, d_model, eps, bias, fused_norms)
         self.dropout1 = nn.Dropout(dropout)
         self.dropout2 = nn.Dropout(dropout)
 
-    def forward(self, x: Tensor, mask: Tensor | None = None, need_weights: bool = False, is_causal: bool = False,
-                cache: KVCache | None = None, positions: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
+    def forward(
+        self,
+        x: Tensor,
+        mask: Tensor | None = None,
+        need_weights: bool = False,
+        is_causal: bool = False,
+        cache: KVCache | None = None,
+        positions: Tensor | None = None,
+    ) -> Tensor | tuple[Tensor, Tensor]:
         weights: list[Tensor] = []
 
         def attend(h: Tensor) -> Tensor:
-            out = self.self_attn(h, h, h, mask=mask, need_weights=need_weights, is_causal=is_causal, cache=cache,
-                                 positions=positions)
+            out = self.self_attn(
+                h, h, h, mask=mask, need_weights=need_weights, is_causal=is_causal, cache=cache, positions=positions
+            )
             return _keep(out, weights, need_weights)
 
         x = _residual(x, attend, self.norm1, self.dropout1, self.norm_first)
@@ -114,10 +137,18 @@ class DecoderOnlyLayer(EncoderLayer):
     Defined in chapter 5, Norms and residuals.
     """
 
-    def forward(self, x: Tensor, mask: Tensor | None = None, need_weights: bool = False, is_causal: bool = True,
-                cache: KVCache | None = None, positions: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
-        return super().forward(x, mask=mask, need_weights=need_weights, is_causal=is_causal, cache=cache,
-                               positions=positions)
+    def forward(
+        self,
+        x: Tensor,
+        mask: Tensor | None = None,
+        need_weights: bool = False,
+        is_causal: bool = True,
+        cache: KVCache | None = None,
+        positions: Tensor | None = None,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        return super().forward(
+            x, mask=mask, need_weights=need_weights, is_causal=is_causal, cache=cache, positions=positions
+        )
 
 
 class DecoderLayer(nn.Module):
@@ -134,9 +165,18 @@ class DecoderLayer(nn.Module):
     Defined in chapter 6, Encoder-decoder.
     """
 
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float = 0.0, activation: str = "relu",
-                 norm_first: bool = False, norm: str = "layernorm", eps: float | None = None,
-                 bias: bool = True) -> None:
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        d_ff: int,
+        dropout: float = 0.0,
+        activation: str = "relu",
+        norm_first: bool = False,
+        norm: str = "layernorm",
+        eps: float | None = None,
+        bias: bool = True,
+    ) -> None:
         super().__init__()
         self.norm_first = norm_first
         self.self_attn = MultiHeadAttention(d_model, n_heads, dropout=dropout, bias=bias)
@@ -149,14 +189,23 @@ class DecoderLayer(nn.Module):
         self.dropout2 = nn.Dropout(dropout)
         self.dropout3 = nn.Dropout(dropout)
 
-    def forward(self, x: Tensor, memory: Tensor, tgt_mask: Tensor | None = None, memory_mask: Tensor | None = None,
-                need_weights: bool = False, tgt_is_causal: bool = False, self_cache: KVCache | None = None,
-                cross_cache: KVCache | None = None) -> Tensor | tuple[Tensor, Tensor, Tensor]:
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor,
+        tgt_mask: Tensor | None = None,
+        memory_mask: Tensor | None = None,
+        need_weights: bool = False,
+        tgt_is_causal: bool = False,
+        self_cache: KVCache | None = None,
+        cross_cache: KVCache | None = None,
+    ) -> Tensor | tuple[Tensor, Tensor, Tensor]:
         weights: list[Tensor] = []
 
         def self_attend(h: Tensor) -> Tensor:
-            out = self.self_attn(h, h, h, mask=tgt_mask, need_weights=need_weights, is_causal=tgt_is_causal,
-                                 cache=self_cache)
+            out = self.self_attn(
+                h, h, h, mask=tgt_mask, need_weights=need_weights, is_causal=tgt_is_causal, cache=self_cache
+            )
             return _keep(out, weights, need_weights)
 
         def cross_attend(h: Tensor) -> Tensor:
@@ -177,8 +226,13 @@ def _keep(out: Tensor | tuple[Tensor, Tensor], weights: list[Tensor], need_weigh
     return out
 
 
-def run_layers(layers: Sequence[nn.Module], x: Tensor, need_weights: bool = False,
-               per_layer: dict[str, Sequence[object]] | None = None, **kwargs) -> tuple[Tensor, list]:
+def run_layers(
+    layers: Sequence[nn.Module],
+    x: Tensor,
+    need_weights: bool = False,
+    per_layer: dict[str, Sequence[object]] | None = None,
+    **kwargs,
+) -> tuple[Tensor, list]:
     """Run ``x`` through a stack of layers; return the output and, with ``need_weights``, each layer's weights.
 
     ``kwargs`` go to every layer; ``per_layer`` maps an argument name to one value per layer

@@ -83,7 +83,8 @@ def combine_masks(*masks: Tensor | None) -> Tensor | None:
             try:
                 torch.broadcast_shapes(result.shape, m.shape)
             except RuntimeError:
-                raise ValueError(f"masks of shapes {tuple(result.shape)} and {tuple(m.shape)} cannot broadcast "
-                                 f"to a common shape") from None
+                raise ValueError(
+                    f"masks of shapes {tuple(result.shape)} and {tuple(m.shape)} cannot broadcast to a common shape"
+                ) from None
         result = m if result is None else result & m
     return result

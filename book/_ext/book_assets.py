@@ -10,6 +10,7 @@
    sphinx-thebe's ``const THEBE_JS_URL = ...`` appears twice and the second copy raises
    ``SyntaxError: Identifier 'THEBE_JS_URL' has already been declared`` on every page.
 """
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -88,15 +89,22 @@ class ReferenceGPT(nn.Module):
         """Take the weights of a library :class:`~transformer_lib.models.GPT` of the same shape (``bias=False``,
         learned positions), so that both models start from the same point. ``c_attn`` is q, k, v stacked."""
         c = gpt.config
-        mine = (self.wte.num_embeddings, self.wpe.num_embeddings, len(self.blocks), self.blocks[0].attn.n_heads,
-                self.wte.embedding_dim)
+        mine = (
+            self.wte.num_embeddings,
+            self.wpe.num_embeddings,
+            len(self.blocks),
+            self.blocks[0].attn.n_heads,
+            self.wte.embedding_dim,
+        )
         theirs = (c.vocab_size, c.block_size, c.n_layers, c.n_heads, c.d_model)
         if c.bias or c.positional != "learned" or c.activation != "gelu" or c.norm != "layernorm" or mine != theirs:
-            raise ValueError(f"need a GPT with bias=False, learned positions, gelu, layernorm and (vocab_size, "
-                             f"block_size, n_layers, n_heads, d_model) = {mine}; got {c}")
+            raise ValueError(
+                f"need a GPT with bias=False, learned positions, gelu, layernorm and (vocab_size, "
+                f"block_size, n_layers, n_heads, d_model) = {mine}; got {c}"
+            )
         self.wte.weight.copy_(gpt.tok_emb.weight)
         self.wpe.weight.copy_(gpt.pos.weight)
-        for mine, theirs in zip(self.blocks, gpt.blocks):
+        for mine, theirs in zip(self.blocks, gpt.blocks, strict=True):
             a = theirs.self_attn
             mine.attn.c_attn.weight.copy_(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]))
             mine.attn.c_proj.weight.copy_(a.out_proj.weight)
@@ -117,14 +125,19 @@ class ReferenceGPT(nn.Module):
         return logits, loss
 
 
-def reference_optimizer(model: nn.Module, lr: float = 1e-3, weight_decay: float = 0.1,
-                        betas: tuple[float, float] = (0.9, 0.99)) -> torch.optim.AdamW:
+def reference_optimizer(
+    model: nn.Module, lr: float = 1e-3, weight_decay: float = 0.1, betas: tuple[float, float] = (0.9, 0.99)
+) -> torch.optim.AdamW:
     """nanoGPT's optimizer: AdamW, decay on parameters with 2+ dimensions, fused on CUDA only."""
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     fused = next(model.parameters()).device.type == "cuda"
-    return torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
-                              {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=betas, fused=fused)
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=lr,
+        betas=betas,
+        fused=fused,
+    )
 
 
 @dataclass
@@ -158,9 +171,14 @@ def mean_loss(model: nn.Module, batches: Sequence[tuple[Tensor, Tensor]]) -> flo
     return loss
 
 
-def train_side_by_side(trainer: Trainer, reference: nn.Module, batches: Callable[[], tuple[Tensor, Tensor]],
-                       val_batches: Sequence[tuple[Tensor, Tensor]], steps: int | None = None,
-                       warmup: int = 5) -> SideBySide:
+def train_side_by_side(
+    trainer: Trainer,
+    reference: nn.Module,
+    batches: Callable[[], tuple[Tensor, Tensor]],
+    val_batches: Sequence[tuple[Tensor, Tensor]],
+    steps: int | None = None,
+    warmup: int = 5,
+) -> SideBySide:
     """Train ``trainer``'s model and ``reference`` with one recipe, alternating step by step.
 
     Both take the trainer's learning-rate schedule, weight decay, betas and clipping, and
@@ -209,14 +227,19 @@ def train_side_by_side(trainer: Trainer, reference: nn.Module, batches: Callable
     for i in range(steps):
         x, y = batches()
         tokens = x.numel()
-        runs = {"ours": lambda: trainer.train_step((x, y)), "reference": lambda: reference_step(x, y, i)}
-        for name in (("ours", "reference") if i % 2 == 0 else ("reference", "ours")):
+        runs = {"ours": partial(trainer.train_step, (x, y)), "reference": partial(reference_step, x, y, i)}
+        for name in ("ours", "reference") if i % 2 == 0 else ("reference", "ours"):
             seconds = timed(runs[name])
             if i >= warmup:
                 times[name].append(seconds)
-    return SideBySide(ours_step=statistics.median(times["ours"]), reference_step=statistics.median(times["reference"]),
-                      ours_val_loss=mean_loss(trainer.model, val_batches),
-                      reference_val_loss=mean_loss(reference, val_batches), steps=steps, tokens_per_step=tokens)
+    return SideBySide(
+        ours_step=statistics.median(times["ours"]),
+        reference_step=statistics.median(times["reference"]),
+        ours_val_loss=mean_loss(trainer.model, val_batches),
+        reference_val_loss=mean_loss(reference, val_batches),
+        steps=steps,
+        tokens_per_step=tokens,
+    )
 
 
 @contextmanager

@@ -26,8 +26,10 @@ def describe_environment(seed: int | None = 0) -> torch.device:
     """
     device = get_device()
     gpu = f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
-    print(f"Python {platform.python_version()} | torch {torch.__version__} | transformer_lib {__version__} "
-          f"| device: {device}{gpu}")
+    print(
+        f"Python {platform.python_version()} | torch {torch.__version__} | transformer_lib {__version__} "
+        f"| device: {device}{gpu}"
+    )
     if seed is not None:
         set_seed(seed)
     return device

@@ -47,8 +47,9 @@ def _grid_layers(maps: AttentionLike, batch_index: int) -> list[torch.Tensor]:
                 raise ValueError(f"maps[{i}]: batch_index {batch_index} out of range for batch size {t.shape[0]}")
             t = t[batch_index]
         elif t.dim() != 3:
-            raise ValueError(f"maps[{i}]: expected shape (B, n_heads, T_q, T_k) or (n_heads, T_q, T_k), "
-                             f"got {tuple(t.shape)}")
+            raise ValueError(
+                f"maps[{i}]: expected shape (B, n_heads, T_q, T_k) or (n_heads, T_q, T_k), got {tuple(t.shape)}"
+            )
         layers.append(t.float())
     shapes = {tuple(t.shape[-2:]) for t in layers}
     if len(shapes) != 1:
@@ -105,8 +106,10 @@ def plot_attention_grid(
     if tokens_q is None or tokens_k is None:
         raise ValueError("tokens_q: required (one string per query position)")
     if len(tokens_k) != T_k:
-        raise ValueError(f"tokens_k: attention covers {T_k} key positions but {len(tokens_k)} tokens were given; "
-                         "pass tokens_k for cross-attention")
+        raise ValueError(
+            f"tokens_k: attention covers {T_k} key positions but {len(tokens_k)} tokens were given; "
+            "pass tokens_k for cross-attention"
+        )
     layer_ids = _pick(layers, len(all_layers), "layers")
     n_heads = min(t.shape[0] for t in all_layers)
     head_ids = _pick(heads, n_heads, "heads")
@@ -114,8 +117,9 @@ def plot_attention_grid(
 
     rows, cols = len(layer_ids), len(head_ids)
     aspect = T_q / T_k
-    fig, axes = plt.subplots(rows, cols, squeeze=False, figsize=(cols * cell_inches + 0.9,
-                                                                   rows * cell_inches * aspect + 0.6))
+    fig, axes = plt.subplots(
+        rows, cols, squeeze=False, figsize=(cols * cell_inches + 0.9, rows * cell_inches * aspect + 0.6)
+    )
     image = None
     for r, layer in enumerate(layer_ids):
         for c, head in enumerate(head_ids):

@@ -18,6 +18,7 @@ book must render with no network at all. The wrappers here call bertviz with
 Used from chapter 1 (Attention) on; chapters feed it the attention weights that the
 library's modules return with ``need_weights=True``.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,7 +28,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from IPython.display import HTML, display as ipy_display
+from IPython.display import HTML
+from IPython.display import display as ipy_display
 
 from .plots import AttentionLike, _validate_tokens
 
@@ -98,7 +100,7 @@ def offline_html(html: str) -> str:
     if missing:
         raise RuntimeError(f"bertviz requires modules with no vendored copy: {sorted(missing)}")
     js = match.group("js")
-    body = _drop_params_echo(js[: config.start()] + js[config.end():])
+    body = _drop_params_echo(js[: config.start()] + js[config.end() :])
     loader = _LOADER % {
         "vendor": VENDOR_DIR,
         "cdn": json.dumps(cdn),
@@ -135,9 +137,7 @@ def _layer_tensor(a: torch.Tensor | np.ndarray, where: str, batch_index: int, de
             raise ValueError(f"{where}: batch_index {batch_index} out of range for batch size {t.shape[0]}")
         t = t[batch_index : batch_index + 1] if batch_index != -1 else t[-1:]
     else:
-        raise ValueError(
-            f"{where}: expected shape (B, n_heads, T_q, T_k) or (n_heads, T_q, T_k), got {tuple(t.shape)}"
-        )
+        raise ValueError(f"{where}: expected shape (B, n_heads, T_q, T_k) or (n_heads, T_q, T_k), got {tuple(t.shape)}")
     return t.to(torch.float64).round(decimals=decimals)
 
 
@@ -168,8 +168,10 @@ def _prepare(
         layers = _layers(attention, "attention", batch_index, decimals)
         _, _, T_q, T_k = layers[0].shape
         if T_q != T_k:
-            raise ValueError(f"attention: self-attention must be square, got T_q={T_q}, T_k={T_k}; "
-                             "use encoder_attention/decoder_attention/cross_attention")
+            raise ValueError(
+                f"attention: self-attention must be square, got T_q={T_q}, T_k={T_k}; "
+                "use encoder_attention/decoder_attention/cross_attention"
+            )
         args["attention"] = layers
         args["tokens"] = _validate_tokens(tokens, T_q, "tokens")
         return args

@@ -20,8 +20,10 @@ from typing import Any
 from .environment import in_book_build
 
 MAX_FRAMES = 80
-PRECOMPUTED_NOTE = ("<small><i>Precomputed views: the controls switch between pictures drawn when the book was "
-                    "built. Run this chapter in Jupyter or Colab to compute them live.</i></small>")
+PRECOMPUTED_NOTE = (
+    "<small><i>Precomputed views: the controls switch between pictures drawn when the book was "
+    "built. Run this chapter in Jupyter or Colab to compute them live.</i></small>"
+)
 
 
 def _values(name: str, values: Any) -> list[Any]:
@@ -40,8 +42,14 @@ def _control(name: str, values: Sequence[Any], value: Any):
     options = [(str(v), v) for v in values]
     style = {"description_width": "initial"}
     if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
-        return widgets.SelectionSlider(options=options, value=value, description=name, style=style,
-                                       continuous_update=False, layout=widgets.Layout(width="420px"))
+        return widgets.SelectionSlider(
+            options=options,
+            value=value,
+            description=name,
+            style=style,
+            continuous_update=False,
+            layout=widgets.Layout(width="420px"),
+        )
     return widgets.ToggleButtons(options=options, value=value, description=name, style=style)
 
 
@@ -54,8 +62,12 @@ def _png_html(fig) -> str:
     return f'<img src="data:image/png;base64,{base64.b64encode(buf.getvalue()).decode()}" style="max-width:100%">'
 
 
-def explore(draw: Callable[..., Any], controls: dict[str, Sequence[Any]], initial: dict[str, Any] | None = None,
-            live: bool | None = None):
+def explore(
+    draw: Callable[..., Any],
+    controls: dict[str, Sequence[Any]],
+    initial: dict[str, Any] | None = None,
+    live: bool | None = None,
+):
     """A figure with one control per entry of ``controls`` (name -> the values it can take).
 
     ``draw(**values)`` must return a matplotlib ``Figure``. ``initial`` picks the starting
@@ -103,16 +115,19 @@ def explore(draw: Callable[..., Any], controls: dict[str, Sequence[Any]], initia
     if n_frames > MAX_FRAMES:
         raise ValueError(f"{n_frames} combinations of control values to precompute; keep it at most {MAX_FRAMES}")
     names = list(controls)
-    frames = {combo: widgets.HTML(_png_html(draw(**dict(zip(names, combo)))))
-              for combo in itertools.product(*controls.values())}
+    frames = {
+        combo: widgets.HTML(_png_html(draw(**dict(zip(names, combo, strict=True)))))
+        for combo in itertools.product(*controls.values())
+    }
 
     def stack(level: int, prefix: tuple) -> Any:
         """Nested stacks: level i chooses the value of control i; the leaves are the pictures."""
         if level == len(names):
             return frames[prefix]
         values = list(controls[names[level]])
-        s = widgets.Stack([stack(level + 1, prefix + (v,)) for v in values],
-                          selected_index=values.index(initial[names[level]]))
+        s = widgets.Stack(
+            [stack(level + 1, prefix + (v,)) for v in values], selected_index=values.index(initial[names[level]])
+        )
         widgets.jslink((sliders[names[level]], "index"), (s, "selected_index"))
         return s
 

@@ -88,8 +88,10 @@ def _difference(got: Any, expected: Any, atol: float = 1e-5) -> str | None:
     if torch.isnan(got).any() and not torch.isnan(expected).any():
         return "the result contains NaN"
     if not torch.equal(torch.isinf(got), torch.isinf(expected)):
-        return f"{int((torch.isinf(got) != torch.isinf(expected)).sum())} entries are infinite where they should " \
-               f"not be, or finite where they should be -inf"
+        return (
+            f"{int((torch.isinf(got) != torch.isinf(expected)).sum())} entries are infinite where they should "
+            f"not be, or finite where they should be -inf"
+        )
     if not torch.allclose(got, expected, atol=atol, rtol=1e-4):
         return f"values differ: largest |got - expected| = {(got - expected).abs().max().item():.3g}"
     return None
@@ -109,8 +111,16 @@ class Checker:
     def __init__(self, title: str) -> None:
         self.title, self.lines, self.failures = title, [], 0
 
-    def case(self, name: str, answer: Callable[[], Any], expected: Any, bugs: tuple[Bug, ...] = (),
-             hint: str = "", error_hint: str = "", atol: float = 1e-5) -> None:
+    def case(
+        self,
+        name: str,
+        answer: Callable[[], Any],
+        expected: Any,
+        bugs: tuple[Bug, ...] = (),
+        hint: str = "",
+        error_hint: str = "",
+        atol: float = 1e-5,
+    ) -> None:
         """Run ``answer()``, compare it with ``expected`` and, if it differs, name the first matching bug."""
         try:
             got = answer()
@@ -140,7 +150,7 @@ class Checker:
         """Print the summary and the feedback lines; return them as a :class:`CheckResult`."""
         n = sum(1 for line in self.lines if line.startswith("  ✅") or line.startswith("  ❌"))
         passed = self.failures == 0
-        summary = (f"All {n} checks passed." if passed else f"{self.failures} of {n} checks failed.")
+        summary = f"All {n} checks passed." if passed else f"{self.failures} of {n} checks failed."
         result = CheckResult(f"{self.title}: {summary}", passed, self.lines)
         print(result.text)
         return result
@@ -175,8 +185,10 @@ def checker(body: Callable[[Checker, Any], None]) -> Callable[[Any], CheckResult
         return c.done()
 
     # help() and the chapters show check_<name>(answer, /) -> CheckResult, without the Checker argument
-    check.__signature__ = inspect.Signature([answer_parameter.replace(kind=inspect.Parameter.POSITIONAL_ONLY)],
-                                            return_annotation="CheckResult")
-    check.__annotations__ = {name: annotation for name, annotation in body.__annotations__.items()
-                             if name == answer_parameter.name} | {"return": CheckResult}
+    check.__signature__ = inspect.Signature(
+        [answer_parameter.replace(kind=inspect.Parameter.POSITIONAL_ONLY)], return_annotation="CheckResult"
+    )
+    check.__annotations__ = {
+        name: annotation for name, annotation in body.__annotations__.items() if name == answer_parameter.name
+    } | {"return": CheckResult}
     return check

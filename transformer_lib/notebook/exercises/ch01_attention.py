@@ -28,15 +28,25 @@ def _attention_bugs(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> tup
         w = torch.softmax(scores, dim=-2)
         return w @ v, w
 
-    bugs = [Bug(no_scale, "the scores are not scaled: divide q @ k^T by sqrt(d_k) before the softmax."),
-            Bug(lambda: scaled_dot_product_attention(q, k, v, mask, scale=1.0 / d_k),
-                "you divide by d_k; the scale is 1 / sqrt(d_k)."),
-            Bug(wrong_axis, "the softmax runs over the queries (dim=-2); each query's weights over the keys "
-                            "must sum to 1: use dim=-1.")]
+    bugs = [
+        Bug(no_scale, "the scores are not scaled: divide q @ k^T by sqrt(d_k) before the softmax."),
+        Bug(
+            lambda: scaled_dot_product_attention(q, k, v, mask, scale=1.0 / d_k),
+            "you divide by d_k; the scale is 1 / sqrt(d_k).",
+        ),
+        Bug(
+            wrong_axis,
+            "the softmax runs over the queries (dim=-2); each query's weights over the keys must sum to 1: use dim=-1.",
+        ),
+    ]
     if mask is not None:
-        bugs.append(Bug(lambda: scaled_dot_product_attention(q, k, v, ~mask),
-                        "the mask polarity is inverted: True means 'may attend', so fill -inf where the mask is False "
-                        "(scores.masked_fill(~mask, float('-inf')))."))
+        bugs.append(
+            Bug(
+                lambda: scaled_dot_product_attention(q, k, v, ~mask),
+                "the mask polarity is inverted: True means 'may attend', so fill -inf where the mask is False "
+                "(scores.masked_fill(~mask, float('-inf'))).",
+            )
+        )
     return tuple(bugs)
 
 
@@ -61,12 +71,19 @@ def check_attention(c: Checker, attention: Callable[..., tuple[Tensor, Tensor]])
         k = torch.randn(*lead, T_k, d_k, generator=g)
         v = torch.randn(*lead, T_k, d_v, generator=g)
         expected = scaled_dot_product_attention(q, k, v, mask)
-        answer = (lambda q=q, k=k, v=v, m=mask: attention(q, k, v, mask=m)) if mask is not None else \
-            (lambda q=q, k=k, v=v: attention(q, k, v))
-        c.case(name, answer, expected, bugs=_attention_bugs(q, k, v, mask),
-               hint="return (weights @ v, weights) with "
-                    "weights = softmax(q @ k.transpose(-2, -1) / sqrt(d_k), dim=-1).",
-               error_hint="use k.transpose(-2, -1) (not k.T) so that batch and head axes stay in front.")
+        answer = (
+            (lambda q=q, k=k, v=v, m=mask: attention(q, k, v, mask=m))
+            if mask is not None
+            else (lambda q=q, k=k, v=v: attention(q, k, v))
+        )
+        c.case(
+            name,
+            answer,
+            expected,
+            bugs=_attention_bugs(q, k, v, mask),
+            hint="return (weights @ v, weights) with weights = softmax(q @ k.transpose(-2, -1) / sqrt(d_k), dim=-1).",
+            error_hint="use k.transpose(-2, -1) (not k.T) so that batch and head axes stay in front.",
+        )
 
 
 @checker
@@ -76,15 +93,31 @@ def check_softmax(c: Checker, softmax: Callable[[Tensor, float], Tensor]) -> Non
     Shapes: scores (..., n) -> (..., n).
     """
     x = torch.tensor([[1.0, 2.0, 3.0], [0.5, 0.5, -1.0]])
-    c.case("temperature 1", lambda: softmax(x, 1.0), torch.softmax(x, -1),
-           bugs=(Bug(lambda: torch.softmax(x, 0), "normalize over the last axis (dim=-1): each row must sum to 1."),),
-           hint="exp(x) / exp(x).sum(dim=-1, keepdim=True).")
-    c.case("temperature 0.5 sharpens", lambda: softmax(x, 0.5), torch.softmax(x / 0.5, -1),
-           bugs=(Bug(lambda: torch.softmax(x * 0.5, -1), "divide the scores by the temperature, don't multiply."),),
-           hint="divide the scores by the temperature before the exponential.")
-    c.case("temperature 10 flattens", lambda: softmax(x, 10.0), torch.softmax(x / 10.0, -1),
-           hint="divide the scores by the temperature before the exponential.")
+    c.case(
+        "temperature 1",
+        lambda: softmax(x, 1.0),
+        torch.softmax(x, -1),
+        bugs=(Bug(lambda: torch.softmax(x, 0), "normalize over the last axis (dim=-1): each row must sum to 1."),),
+        hint="exp(x) / exp(x).sum(dim=-1, keepdim=True).",
+    )
+    c.case(
+        "temperature 0.5 sharpens",
+        lambda: softmax(x, 0.5),
+        torch.softmax(x / 0.5, -1),
+        bugs=(Bug(lambda: torch.softmax(x * 0.5, -1), "divide the scores by the temperature, don't multiply."),),
+        hint="divide the scores by the temperature before the exponential.",
+    )
+    c.case(
+        "temperature 10 flattens",
+        lambda: softmax(x, 10.0),
+        torch.softmax(x / 10.0, -1),
+        hint="divide the scores by the temperature before the exponential.",
+    )
     big = torch.tensor([[1000.0, 1001.0, 1002.0]])
-    c.case("large scores (1000, 1001, 1002) do not overflow", lambda: softmax(big, 1.0), torch.softmax(big, -1),
-           hint="exp(1000) overflows to inf and inf/inf is NaN: subtract the row's maximum first "
-                "(softmax is unchanged by adding a constant to every score).")
+    c.case(
+        "large scores (1000, 1001, 1002) do not overflow",
+        lambda: softmax(big, 1.0),
+        torch.softmax(big, -1),
+        hint="exp(1000) overflows to inf and inf/inf is NaN: subtract the row's maximum first "
+        "(softmax is unchanged by adding a constant to every score).",
+    )

@@ -24,8 +24,10 @@ def _split_seq_first_bug(x: Tensor, n_heads: int) -> Tensor:
     return x.reshape(T, B * n_heads, d_model // n_heads).transpose(0, 1).reshape(B, n_heads, T, d_model // n_heads)
 
 
-_BATCH_HINT = ("right for a batch of one, wrong beyond: the batch axis got mixed into the head split. "
-               "Keep B as its own axis: x.view(B, T, n_heads, d_head).transpose(1, 2).")
+_BATCH_HINT = (
+    "right for a batch of one, wrong beyond: the batch axis got mixed into the head split. "
+    "Keep B as its own axis: x.view(B, T, n_heads, d_head).transpose(1, 2)."
+)
 
 
 @checker
@@ -34,13 +36,20 @@ def check_split_heads(c: Checker, split_heads: Callable[[Tensor, int], Tensor]) 
     g = torch.Generator().manual_seed(1)
     for B, T, d_model, n_heads in ((1, 4, 8, 2), (3, 5, 12, 3), (2, 7, 16, 4)):
         x = torch.randn(B, T, d_model, generator=g)
-        c.case(f"B={B}, T={T}, d_model={d_model}, n_heads={n_heads}", lambda x=x, h=n_heads: split_heads(x, h),
-               _split_batch_first(x, n_heads),
-               bugs=(Bug(lambda x=x, h=n_heads: _split_seq_first_bug(x, h), _BATCH_HINT),
-                     Bug(lambda x=x, h=n_heads: x.reshape(x.shape[0], h, x.shape[1], -1),
-                         "right shape, wrong values: reshaping straight to (B, n_heads, T, d_head) cuts the sequence, "
-                         "not the features. View as (B, T, n_heads, d_head) first, then transpose(1, 2).")),
-               hint="x.view(B, T, n_heads, d_head).transpose(1, 2).")
+        c.case(
+            f"B={B}, T={T}, d_model={d_model}, n_heads={n_heads}",
+            lambda x=x, h=n_heads: split_heads(x, h),
+            _split_batch_first(x, n_heads),
+            bugs=(
+                Bug(lambda x=x, h=n_heads: _split_seq_first_bug(x, h), _BATCH_HINT),
+                Bug(
+                    lambda x=x, h=n_heads: x.reshape(x.shape[0], h, x.shape[1], -1),
+                    "right shape, wrong values: reshaping straight to (B, n_heads, T, d_head) cuts the sequence, "
+                    "not the features. View as (B, T, n_heads, d_head) first, then transpose(1, 2).",
+                ),
+            ),
+            hint="x.view(B, T, n_heads, d_head).transpose(1, 2).",
+        )
 
 
 @checker
@@ -52,8 +61,11 @@ def check_multi_head_attention(c: Checker, mha_forward: Callable[..., Tensor]) -
     Shapes: query (B, T_q, d_model), key/value (B, T_k, d_model) -> (B, T_q, d_model).
     """
     torch.manual_seed(2)  # @checker restores the reader's random state afterwards
-    cases = (("self-attention, batch of 1", 1, 5, 5), ("self-attention, batch of 3", 3, 5, 5),
-             ("cross-attention, T_q=4 queries, T_k=9 keys", 2, 4, 9))
+    cases = (
+        ("self-attention, batch of 1", 1, 5, 5),
+        ("self-attention, batch of 3", 3, 5, 5),
+        ("cross-attention, T_q=4 queries, T_k=9 keys", 2, 4, 9),
+    )
     for name, B, T_q, T_k in cases:
         mha = MultiHeadAttention(16, 4).eval()
         query = torch.randn(B, T_q, 16)
@@ -67,15 +79,23 @@ def check_multi_head_attention(c: Checker, mha_forward: Callable[..., Tensor]) -
             return mha.out_proj(out.reshape(query.shape))
 
         with torch.no_grad():
-            c.case(name, lambda mha=mha, query=query, key=key: mha_forward(mha, query, key, key),
-                   mha(query, key, key),
-                   bugs=(Bug(lambda v=variant: v(split=_split_seq_first_bug), _BATCH_HINT),
-                         Bug(lambda v=variant: v(scale=1.0), "the scores are not scaled by 1 / sqrt(d_head)."),
-                         Bug(lambda v=variant: v(transpose_back=False),
-                             "merging heads needs transpose(1, 2) before the reshape to (B, T, d_model); "
-                             "a plain reshape interleaves positions and heads.")),
-                   hint="project with mha.q_proj/k_proj/v_proj, split into heads, attend with scale 1/sqrt(d_head), "
-                        "merge heads (transpose(1, 2) then reshape), then mha.out_proj.",
-                   error_hint="" if T_q == T_k else
-                   "this fails when there are more keys than queries: do you reshape k and v with the query's "
-                   "length? Use key.shape[1] (T_k) for them.")
+            c.case(
+                name,
+                lambda mha=mha, query=query, key=key: mha_forward(mha, query, key, key),
+                mha(query, key, key),
+                bugs=(
+                    Bug(lambda v=variant: v(split=_split_seq_first_bug), _BATCH_HINT),
+                    Bug(lambda v=variant: v(scale=1.0), "the scores are not scaled by 1 / sqrt(d_head)."),
+                    Bug(
+                        lambda v=variant: v(transpose_back=False),
+                        "merging heads needs transpose(1, 2) before the reshape to (B, T, d_model); "
+                        "a plain reshape interleaves positions and heads.",
+                    ),
+                ),
+                hint="project with mha.q_proj/k_proj/v_proj, split into heads, attend with scale 1/sqrt(d_head), "
+                "merge heads (transpose(1, 2) then reshape), then mha.out_proj.",
+                error_hint=""
+                if T_q == T_k
+                else "this fails when there are more keys than queries: do you reshape k and v with the query's "
+                "length? Use key.shape[1] (T_k) for them.",
+            )

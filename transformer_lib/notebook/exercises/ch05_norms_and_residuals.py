@@ -22,9 +22,11 @@ def check_layer_norm(c: Checker, layer_norm: Callable[..., Tensor]) -> None:
     Shapes: x (..., d), weight (d,), bias (d,) -> (..., d).
     """
     g = torch.Generator().manual_seed(3)
-    cases = (("small feature size d=4 (where the variance estimate matters)", torch.randn(2, 3, 4, generator=g) * 3),
-             ("d=32, with an affine weight and bias", torch.randn(5, 32, generator=g) + 2),
-             ("nearly constant features (variance 1e-6, where eps matters)", torch.randn(3, 8, generator=g) * 1e-3))
+    cases = (
+        ("small feature size d=4 (where the variance estimate matters)", torch.randn(2, 3, 4, generator=g) * 3),
+        ("d=32, with an affine weight and bias", torch.randn(5, 32, generator=g) + 2),
+        ("nearly constant features (variance 1e-6, where eps matters)", torch.randn(3, 8, generator=g) * 1e-3),
+    )
     for name, x in cases:
         d = x.shape[-1]
         w, b = torch.randn(d, generator=g), torch.randn(d, generator=g)
@@ -39,17 +41,33 @@ def check_layer_norm(c: Checker, layer_norm: Callable[..., Tensor]) -> None:
         def unbiased_eps_outside(x=x, w=w, b=b, mean=mean):
             return (x - mean) / (x.std(-1, keepdim=True) + 1e-5) * w + b
 
-        c.case(name, lambda x=x, w=w, b=b: layer_norm(x, w, b, eps=1e-5), F.layer_norm(x, (d,), w, b, 1e-5),
-               bugs=(Bug(unbiased, "you use the unbiased variance (dividing by d - 1); LayerNorm divides by d: "
-                                   "x.var(dim=-1, unbiased=False)."),
-                     Bug(eps_outside, "eps must go inside the square root: (x - mean) / sqrt(var + eps), "
-                                      "not (x - mean) / (std + eps)."),
-                     Bug(unbiased_eps_outside, "two classic bugs at once: torch.std is unbiased by default, and eps "
-                                               "belongs inside the square root: (x - mean) / sqrt(var + eps) with "
-                                               "var = x.var(dim=-1, unbiased=False)."),
-                     Bug(lambda x=x: F.layer_norm(x, x.shape[-1:], eps=1e-5), "apply the learned weight and bias: "
-                                                                              "normalized * weight + bias.")),
-               hint="normalize each position over its last axis: (x - mean) / sqrt(var + eps) * weight + bias.")
+        c.case(
+            name,
+            lambda x=x, w=w, b=b: layer_norm(x, w, b, eps=1e-5),
+            F.layer_norm(x, (d,), w, b, 1e-5),
+            bugs=(
+                Bug(
+                    unbiased,
+                    "you use the unbiased variance (dividing by d - 1); LayerNorm divides by d: "
+                    "x.var(dim=-1, unbiased=False).",
+                ),
+                Bug(
+                    eps_outside,
+                    "eps must go inside the square root: (x - mean) / sqrt(var + eps), not (x - mean) / (std + eps).",
+                ),
+                Bug(
+                    unbiased_eps_outside,
+                    "two classic bugs at once: torch.std is unbiased by default, and eps "
+                    "belongs inside the square root: (x - mean) / sqrt(var + eps) with "
+                    "var = x.var(dim=-1, unbiased=False).",
+                ),
+                Bug(
+                    lambda x=x: F.layer_norm(x, x.shape[-1:], eps=1e-5),
+                    "apply the learned weight and bias: normalized * weight + bias.",
+                ),
+            ),
+            hint="normalize each position over its last axis: (x - mean) / sqrt(var + eps) * weight + bias.",
+        )
 
 
 @checker
@@ -60,28 +78,46 @@ def check_rms_norm(c: Checker, rms_norm: Callable[..., Tensor]) -> None:
     """
     g = torch.Generator().manual_seed(5)
     eps = 1e-6
-    cases = (("d=8, features with a non-zero mean (where centring matters)", torch.randn(2, 3, 8, generator=g) + 2),
-             ("d=32, with a learned weight", torch.randn(5, 32, generator=g) * 3),
-             ("tiny features (mean square 1e-6, where eps matters)", torch.randn(3, 16, generator=g) * 1e-3))
+    cases = (
+        ("d=8, features with a non-zero mean (where centring matters)", torch.randn(2, 3, 8, generator=g) + 2),
+        ("d=32, with a learned weight", torch.randn(5, 32, generator=g) * 3),
+        ("tiny features (mean square 1e-6, where eps matters)", torch.randn(3, 16, generator=g) * 1e-3),
+    )
     for name, x in cases:
         d = x.shape[-1]
         w = torch.randn(d, generator=g)
         ms = x.pow(2).mean(-1, keepdim=True)  # (..., 1) mean square
-        c.case(name, lambda x=x, w=w: rms_norm(x, w, eps=eps), F.rms_norm(x, (d,), w, eps),
-               bugs=(Bug(lambda x=x, w=w: F.layer_norm(x, x.shape[-1:], w, None, eps),
-                         "you subtract the mean: that is LayerNorm without a bias. RMSNorm does not centre; it "
-                         "divides x itself by its root mean square."),
-                     Bug(lambda x=x, w=w, ms=ms: x / (ms.sqrt() + eps) * w,
-                         "eps must go inside the square root: x / sqrt(mean(x^2) + eps), not x / (rms + eps)."),
-                     Bug(lambda x=x, ms=ms: x * torch.rsqrt(ms + eps),
-                         "apply the learned weight: the normalized x is multiplied by weight."),
-                     Bug(lambda x=x, w=w: x / torch.sqrt(x.var(-1, keepdim=True, unbiased=False) + eps) * w,
-                         "you divide by the standard deviation (the spread around the mean); RMSNorm divides by the "
-                         "root mean square of x itself, sqrt(mean(x^2) + eps)."),
-                     Bug(lambda x=x, w=w, ms=ms, d=d: x * torch.rsqrt(ms * d + eps) * w,
-                         "x.norm(dim=-1) is the root of the SUM of squares; the RMS is the root of the MEAN, "
-                         "sqrt(d) times smaller: use x.pow(2).mean(dim=-1, keepdim=True).")),
-               hint="x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps) * weight.")
+        c.case(
+            name,
+            lambda x=x, w=w: rms_norm(x, w, eps=eps),
+            F.rms_norm(x, (d,), w, eps),
+            bugs=(
+                Bug(
+                    lambda x=x, w=w: F.layer_norm(x, x.shape[-1:], w, None, eps),
+                    "you subtract the mean: that is LayerNorm without a bias. RMSNorm does not centre; it "
+                    "divides x itself by its root mean square.",
+                ),
+                Bug(
+                    lambda x=x, w=w, ms=ms: x / (ms.sqrt() + eps) * w,
+                    "eps must go inside the square root: x / sqrt(mean(x^2) + eps), not x / (rms + eps).",
+                ),
+                Bug(
+                    lambda x=x, ms=ms: x * torch.rsqrt(ms + eps),
+                    "apply the learned weight: the normalized x is multiplied by weight.",
+                ),
+                Bug(
+                    lambda x=x, w=w: x / torch.sqrt(x.var(-1, keepdim=True, unbiased=False) + eps) * w,
+                    "you divide by the standard deviation (the spread around the mean); RMSNorm divides by the "
+                    "root mean square of x itself, sqrt(mean(x^2) + eps).",
+                ),
+                Bug(
+                    lambda x=x, w=w, ms=ms, d=d: x * torch.rsqrt(ms * d + eps) * w,
+                    "x.norm(dim=-1) is the root of the SUM of squares; the RMS is the root of the MEAN, "
+                    "sqrt(d) times smaller: use x.pow(2).mean(dim=-1, keepdim=True).",
+                ),
+            ),
+            hint="x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps) * weight.",
+        )
 
 
 @checker
@@ -102,16 +138,31 @@ def check_pre_ln_block(c: Checker, block: Callable[..., Tensor]) -> None:
         with torch.no_grad():
             expected = x + sublayer(norm(x))
             h = norm(x)
-            bugs = (Bug(lambda x=x, sublayer=sublayer, norm=norm: norm(x + sublayer(x)),
-                        "this is Post-LN, the paper's order norm(x + sublayer(x)); Pre-LN normalizes the "
-                        "sublayer's input only: x + sublayer(norm(x))."),
-                    Bug(lambda h=h, sublayer=sublayer: h + sublayer(h),
-                        "you normalize x in place before the residual add (x = norm(x); x = x + sublayer(x)): "
-                        "the skip path then carries norm(x) instead of x. Keep x and add sublayer(norm(x)) to it."),
-                    Bug(lambda h=h, sublayer=sublayer: sublayer(h),
-                        "the residual connection is missing: add the block's input x to sublayer(norm(x))."),
-                    Bug(lambda x=x, sublayer=sublayer, norm=norm: x + norm(sublayer(x)),
-                        "the norm is applied to the sublayer's output; Pre-LN normalizes its input: "
-                        "x + sublayer(norm(x))."))
-            c.case(name, lambda x=x, sublayer=sublayer, norm=norm: block(x, sublayer, norm), expected, bugs=bugs,
-                   hint="return x + sublayer(norm(x)).", atol=1e-4)
+            bugs = (
+                Bug(
+                    lambda x=x, sublayer=sublayer, norm=norm: norm(x + sublayer(x)),
+                    "this is Post-LN, the paper's order norm(x + sublayer(x)); Pre-LN normalizes the "
+                    "sublayer's input only: x + sublayer(norm(x)).",
+                ),
+                Bug(
+                    lambda h=h, sublayer=sublayer: h + sublayer(h),
+                    "you normalize x in place before the residual add (x = norm(x); x = x + sublayer(x)): "
+                    "the skip path then carries norm(x) instead of x. Keep x and add sublayer(norm(x)) to it.",
+                ),
+                Bug(
+                    lambda h=h, sublayer=sublayer: sublayer(h),
+                    "the residual connection is missing: add the block's input x to sublayer(norm(x)).",
+                ),
+                Bug(
+                    lambda x=x, sublayer=sublayer, norm=norm: x + norm(sublayer(x)),
+                    "the norm is applied to the sublayer's output; Pre-LN normalizes its input: x + sublayer(norm(x)).",
+                ),
+            )
+            c.case(
+                name,
+                lambda x=x, sublayer=sublayer, norm=norm: block(x, sublayer, norm),
+                expected,
+                bugs=bugs,
+                hint="return x + sublayer(norm(x)).",
+                atol=1e-4,
+            )
