@@ -79,3 +79,19 @@ def test_package_docstring_lists_every_module():
     listed = {m.name for m in pkgutil.iter_modules(notebook.__path__)}
     missing = [name for name in sorted(listed) if f"``{name}``" not in notebook.__doc__]
     assert not missing, f"transformer_lib.notebook's docstring does not list {missing}"
+
+
+def test_check_names_are_only_exercise_checkers():
+    """``check_*`` means an exercise checker; input validation is ``_validate_*``."""
+    import ast
+
+    package = ROOT / "transformer_lib"
+    exercises = package / "notebook" / "exercises"
+    misnamed = []
+    for path in package.rglob("*.py"):
+        if exercises in path.parents:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.ClassDef) and re.match(r"_?check", node.name):
+                misnamed.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}")
+    assert not misnamed, "rename to _validate_*: " + ", ".join(misnamed)

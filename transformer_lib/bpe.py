@@ -51,7 +51,7 @@ def _gpt2_pipeline(tok: Any) -> Any:
     return tok
 
 
-def _check_special_tokens(special_tokens: Iterable[str]) -> list[str]:
+def _validate_special_tokens(special_tokens: Iterable[str]) -> list[str]:
     if isinstance(special_tokens, str):
         raise TypeError(f"special_tokens must be a list of strings, got the string {special_tokens!r}")
     specials = list(special_tokens)
@@ -75,7 +75,7 @@ class BPETokenizer:
     """
 
     def __init__(self, backend: Any, special_tokens: Iterable[str] = ()) -> None:
-        specials = _check_special_tokens(special_tokens)
+        specials = _validate_special_tokens(special_tokens)
         if specials:
             backend.add_special_tokens(specials)  # already-known tokens keep their ids
         self._tok = backend
@@ -122,9 +122,9 @@ class BPETokenizer:
 
     def id_to_token(self, i: int) -> str:
         """The token string of an id; a ``ValueError`` outside ``[0, vocab_size)``."""
-        return self._tok.id_to_token(self._check_id(i))
+        return self._tok.id_to_token(self._validate_id(i))
 
-    def _check_id(self, i: Any) -> int:
+    def _validate_id(self, i: Any) -> int:
         try:
             i = operator.index(i)
         except TypeError:
@@ -156,7 +156,7 @@ class BPETokenizer:
             if ids.ndim != 1:
                 raise ValueError(f"decode expects a 1-D sequence of ids, got shape {tuple(ids.shape)}")
             ids = ids.tolist()
-        ids = [self._check_id(i) for i in ids]
+        ids = [self._validate_id(i) for i in ids]
         # Special tokens verbatim, the runs between them through the byte-level decoder
         # (the decoder would read a special token's characters as bytes).
         by_id = {i: s for s, i in self._special.items()}
@@ -213,7 +213,7 @@ def train_bpe(text: str, vocab_size: int = 512, special_tokens: Iterable[str] = 
     tk = _tokenizers()
     if not isinstance(text, str):
         raise TypeError(f"text must be a str, got {type(text).__name__}")
-    specials = _check_special_tokens(special_tokens)
+    specials = _validate_special_tokens(special_tokens)
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, np.integer)):
         raise TypeError(f"vocab_size must be an int, got {vocab_size!r} ({type(vocab_size).__name__})")
     minimum = N_BYTES + len(specials)

@@ -143,7 +143,7 @@ def load_tokens(path: str | Path, dtype: np.dtype | type = np.uint16) -> np.memm
     return np.memmap(path, dtype=dtype, mode="r")
 
 
-def _check_positive_int(name: str, value: object) -> int:
+def _validate_positive_int(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be a positive int, got {value!r} ({type(value).__name__})")
     if value <= 0:
@@ -167,8 +167,8 @@ def random_blocks(
 
     Defined in chapter 5, Norms and residuals.
     """
-    batch_size = _check_positive_int("batch_size", batch_size)
-    block_size = _check_positive_int("block_size", block_size)
+    batch_size = _validate_positive_int("batch_size", batch_size)
+    block_size = _validate_positive_int("block_size", block_size)
     if isinstance(data, Tensor):
         if data.dtype.is_floating_point or data.dtype.is_complex or data.dtype == torch.bool:
             raise TypeError(f"data must hold integer token ids, got a tensor of dtype {data.dtype}")
