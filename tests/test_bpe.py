@@ -12,15 +12,15 @@ Without ``tokenizers``/``transformers`` these tests are skipped, except with CI=
 
 from __future__ import annotations
 
-import importlib
 import json
-import os
 from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+
+from conftest import importorskip_unless_ci
 
 SPECIAL = "<|endoftext|>"
 STRINGS = [
@@ -38,20 +38,6 @@ STRINGS = [
     f"{SPECIAL}",
     "<|endoftext| almost special |>",
 ]
-
-
-def _ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
-
-
-def require(module: str):
-    """Import ``module``; skip the test if it is missing, except under CI=true where that is an error."""
-    if _ci():
-        try:
-            return importlib.import_module(module)
-        except ImportError as e:
-            pytest.fail(f"{module} is required under CI=true: {e}", pytrace=False)
-    return pytest.importorskip(module)
 
 
 # --- GPT-2's original algorithm (OpenAI gpt-2/src/encoder.py), independent of tokenizers ------------
@@ -77,7 +63,7 @@ class ReferenceGPT2:
     PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
     def __init__(self, vocab_json: Path, merges_txt: Path, special_tokens: tuple[str, ...] = ()) -> None:
-        regex = require("regex")
+        regex = importorskip_unless_ci("regex")
         self.encoder = json.loads(Path(vocab_json).read_text(encoding="utf-8"))
         self.decoder = {i: s for s, i in self.encoder.items()}
         lines = Path(merges_txt).read_text(encoding="utf-8").split("\n")
@@ -172,7 +158,7 @@ def _training_text() -> str:
 
 @pytest.fixture(scope="module")
 def trained():
-    require("tokenizers")
+    importorskip_unless_ci("tokenizers")
     from transformer_lib.bpe import train_bpe
 
     return train_bpe(_training_text(), vocab_size=600, special_tokens=[SPECIAL])
@@ -193,7 +179,7 @@ def loaded(saved):
 
 
 def _tokenizers_gpt2(vocab: Path, merges: Path):
-    tk = require("tokenizers")
+    tk = importorskip_unless_ci("tokenizers")
     tok = tk.Tokenizer(tk.models.BPE.from_file(str(vocab), str(merges)))
     tok.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = tk.decoders.ByteLevel()
@@ -202,7 +188,7 @@ def _tokenizers_gpt2(vocab: Path, merges: Path):
 
 
 def _transformers_gpt2(folder: Path):
-    transformers = require("transformers")
+    transformers = importorskip_unless_ci("transformers")
     # Its unk/bos/eos token is "<|endoftext|>": matched as a whole before BPE, like ours.
     return transformers.GPT2Tokenizer.from_pretrained(str(folder))
 
@@ -269,7 +255,7 @@ def test_special_token_is_one_id_and_never_merged(trained, loaded):
 
 
 def test_special_tokens_are_cut_out_of_the_training_text():
-    require("tokenizers")
+    importorskip_unless_ci("tokenizers")
     from transformer_lib.bpe import train_bpe
 
     tok = train_bpe(f"hello world{SPECIAL}" * 300, vocab_size=266, special_tokens=[SPECIAL])
@@ -289,7 +275,7 @@ def test_special_token_not_in_vocabulary_is_appended(saved):
 
 
 def test_special_token_with_non_ascii_text_round_trips(tmp_path):
-    require("tokenizers")
+    importorskip_unless_ci("tokenizers")
     from transformer_lib.bpe import BPETokenizer, train_bpe
 
     tok = train_bpe("some text, some more text\n" * 50, vocab_size=269, special_tokens=["<|fin—é|>"])
@@ -323,7 +309,7 @@ def test_lookups(trained):
 
 
 def test_train_errors_and_warning():
-    require("tokenizers")
+    importorskip_unless_ci("tokenizers")
     from transformer_lib.bpe import train_bpe
 
     with pytest.raises(ValueError, match=r"vocab_size >= .* = 257, got 256"):
@@ -340,7 +326,7 @@ def test_train_errors_and_warning():
 
 
 def test_from_files_missing_file(tmp_path):
-    require("tokenizers")
+    importorskip_unless_ci("tokenizers")
     from transformer_lib.bpe import BPETokenizer
 
     with pytest.raises(FileNotFoundError, match="vocab_json"):

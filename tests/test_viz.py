@@ -9,7 +9,9 @@ import subprocess
 import pytest
 import torch
 
-pytest.importorskip("bertviz")
+from conftest import importorskip_unless_ci
+
+importorskip_unless_ci("bertviz")
 from transformer_lib.notebook import viz  # noqa: E402
 
 TOKENS = ["the", "cat", "sat"]

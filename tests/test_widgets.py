@@ -16,9 +16,11 @@ from types import SimpleNamespace
 
 import pytest
 
-pytest.importorskip("ipywidgets")
-pytest.importorskip("IPython")
-matplotlib = pytest.importorskip("matplotlib")
+from conftest import importorskip_unless_ci
+
+importorskip_unless_ci("ipywidgets")
+importorskip_unless_ci("IPython")
+matplotlib = importorskip_unless_ci("matplotlib")
 matplotlib.use("Agg")
 
 import ipywidgets  # noqa: E402
