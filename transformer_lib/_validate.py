@@ -31,18 +31,23 @@ def _validate_tensor(
 
 
 def _validate_token_ids(name: str, idx: object, vocab_size: int, max_len: int | None = None) -> Tensor:
-    """Token ids: an integer tensor (B, T) with 0 <= id < vocab_size and T <= max_len."""
+    """Token ids: an integer tensor (B, T) with 0 <= id < vocab_size and T <= max_len; returned as torch.long.
+
+    Other integer dtypes (uint8, int16, int32, e.g. from a uint16 token file) are converted, so that
+    ``nn.Embedding`` and the cross-entropy accept them.
+    """
     idx = _validate_tensor(name, idx, ndim=2)
     if idx.dtype not in INTEGER_DTYPES:
         raise TypeError(f"{name} must hold integer token ids (torch.long), got dtype {idx.dtype}")
     if max_len is not None and idx.shape[1] > max_len:
         raise ValueError(f"{name} has length {idx.shape[1]}, longer than the model's context of {max_len} tokens")
     if idx.numel():
-        lo, hi = int(idx.min()), int(idx.max())
+        lo, hi = torch.aminmax(idx)
+        lo, hi = int(lo), int(hi)  # one host sync for both bounds
         if lo < 0 or hi >= vocab_size:
             bad = lo if lo < 0 else hi
             raise ValueError(f"{name} contains token id {bad}, outside the vocabulary [0, {vocab_size})")
-    return idx
+    return idx.long()
 
 
 def _validate_mask(

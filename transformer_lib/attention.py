@@ -151,6 +151,8 @@ class MultiHeadAttention(nn.Module):
                 f"d_model ({d_model}) must be divisible by n_heads ({n_heads}); "
                 f"d_model / n_heads = {d_model / n_heads:g} is not an integer"
             )
+        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be a probability in [0, 1), got {dropout!r}")
         if n_heads % n_kv_heads != 0:
             raise ValueError(
                 f"n_heads ({n_heads}) must be a multiple of n_kv_heads ({n_kv_heads}): "
@@ -186,9 +188,12 @@ class MultiHeadAttention(nn.Module):
         is_causal: bool = False,
         cache: KVCache | None = None,
         positions: Tensor | None = None,
+        key_padding_mask: Tensor | None = None,
     ) -> Tensor | tuple[Tensor, Tensor]:
         """Attend from ``query`` to ``key``/``value`` (both default to ``query``: self-attention).
 
+        ``mask`` broadcasts to (B, n_heads, T_q, T_k); a 2-D mask always means (T_q, T_k).
+        ``key_padding_mask`` (B, T_k), True for real keys, hides each example's padding.
         ``is_causal=True`` adds a causal mask (aligned to the bottom right when a cache holds
         earlier positions). ``cache`` enables incremental decoding. ``positions`` (B, T_q) or
         (T_q,) gives RoPE the absolute position of each new token (default: contiguous, after
@@ -208,7 +213,7 @@ class MultiHeadAttention(nn.Module):
             k = self.rotary(k, offset=T_past, positions=positions)
         if cache is not None:
             k, v = cache.update(k, v)  # (B, n_kv_heads, T_k, d_head): earlier positions too
-        _validate_mask(mask, (query.shape[0], self.n_heads, q.shape[2], k.shape[2]))
+        mask = self._combine_masks(mask, key_padding_mask, query.shape[0], q.shape[2], k.shape[2])
 
         k, v = repeat_kv(k, self.n_heads // self.n_kv_heads), repeat_kv(v, self.n_heads // self.n_kv_heads)
         out, weights = self._attend(q, k, v, mask, is_causal, need_weights)  # (B, n_heads, T_q, d_head)
@@ -223,6 +228,22 @@ class MultiHeadAttention(nn.Module):
                 f"query, key and value must share B and key/value must share T_k; got query "
                 f"{tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}"
             )
+
+    def _combine_masks(
+        self, mask: Tensor | None, key_padding_mask: Tensor | None, B: int, T_q: int, T_k: int
+    ) -> Tensor | None:
+        """Check ``mask`` against (B, n_heads, T_q, T_k) and ``key_padding_mask`` against (B, T_k); AND them."""
+        _validate_mask(mask, (B, self.n_heads, T_q, T_k))
+        if key_padding_mask is None:
+            return mask
+        _validate_mask(key_padding_mask)
+        if tuple(key_padding_mask.shape) != (B, T_k):
+            raise ValueError(
+                f"key_padding_mask must have shape (B, T_k) = {(B, T_k)} (True = a real key), "
+                f"got {tuple(key_padding_mask.shape)}"
+            )
+        keys = key_padding_mask[:, None, None, :]  # (B, 1, 1, T_k)
+        return keys if mask is None else mask & keys
 
     def _project(
         self, query: Tensor, key: Tensor, value: Tensor, cache: KVCache | None

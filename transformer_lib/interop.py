@@ -18,12 +18,24 @@ from .layers import DecoderLayer, EncoderLayer
 def copy_from_torch(ours: nn.Module, theirs: nn.Module) -> nn.Module:
     """Load ``theirs`` (nn.MultiheadAttention / TransformerEncoderLayer / TransformerDecoderLayer) into ``ours``.
 
-    Returns ``ours``. Raises ``TypeError`` for a pair it does not know and
-    ``ValueError`` when the sizes differ.
+    Returns ``ours``. Raises ``TypeError`` for a pair it does not know and ``ValueError`` when
+    the sizes differ or the two would compute different things: PyTorch's module must be
+    ``batch_first=True`` (this library is batch-first) and, for layers, have the same
+    ``norm_first``, activation and norm eps.
 
     Defined in chapter 2, Masking.
     """
     if isinstance(ours, MultiHeadAttention) and isinstance(theirs, nn.MultiheadAttention):
+        if not theirs.batch_first:
+            raise ValueError(
+                "theirs has batch_first=False (T, B, d_model); this library is batch-first: "
+                "construct nn.MultiheadAttention(..., batch_first=True)"
+            )
+        if ours.n_kv_heads != ours.n_heads:
+            raise ValueError(
+                f"ours uses grouped-query attention (n_kv_heads={ours.n_kv_heads}); "
+                f"nn.MultiheadAttention has one key/value head per query head"
+            )
         if theirs.embed_dim != ours.d_model or theirs.num_heads != ours.n_heads:
             raise ValueError(
                 f"size mismatch: ours d_model={ours.d_model}, n_heads={ours.n_heads}; "
@@ -54,6 +66,7 @@ def copy_from_torch(ours: nn.Module, theirs: nn.Module) -> nn.Module:
     }
     for our_type, (their_type, names) in pairs.items():
         if isinstance(ours, our_type) and isinstance(theirs, their_type):
+            _validate_same_layer(ours, theirs)
             for our_name, their_name in names:
                 sub = getattr(ours, our_name)
                 if isinstance(sub, MultiHeadAttention):
@@ -64,3 +77,23 @@ def copy_from_torch(ours: nn.Module, theirs: nn.Module) -> nn.Module:
             ours.ff.linear2.load_state_dict(theirs.linear2.state_dict())
             return ours
     raise TypeError(f"don't know how to copy {type(theirs).__name__} into {type(ours).__name__}")
+
+
+def _validate_same_layer(ours: nn.Module, theirs: nn.Module) -> None:
+    """Refuse to copy between layers that would compute different things with the same weights."""
+    their_activation = {1: "relu", 2: "gelu"}.get(getattr(theirs, "activation_relu_or_gelu", 0))
+    if their_activation is None:
+        activation = getattr(theirs.activation, "__name__", type(theirs.activation).__name__).lower()
+        their_activation = {"relu": "relu", "gelu": "gelu"}.get(activation, activation)
+    differences = {
+        "norm_first": (ours.norm_first, theirs.norm_first),
+        "activation": (ours.ff.activation, their_activation),
+        "norm eps": (ours.norm1.eps, theirs.norm1.eps),
+    }
+    problems = [
+        f"{name}: ours {mine!r}, theirs {other!r}" for name, (mine, other) in differences.items() if mine != other
+    ]
+    if not theirs.self_attn.batch_first:
+        problems.append("theirs has batch_first=False (T, B, d_model); this library is batch-first")
+    if problems:
+        raise ValueError(f"{type(ours).__name__} and {type(theirs).__name__} differ: " + "; ".join(problems))

@@ -115,12 +115,20 @@ class EncoderLayer(nn.Module):
         is_causal: bool = False,
         cache: KVCache | None = None,
         positions: Tensor | None = None,
+        key_padding_mask: Tensor | None = None,
     ) -> Tensor | tuple[Tensor, Tensor]:
+        """``mask`` (T, T) or broadcastable to (B, n_heads, T, T); ``key_padding_mask`` (B, T), True = token."""
         weights: list[Tensor] = []
 
         def attend(h: Tensor) -> Tensor:
             out = self.self_attn(
-                h, h, h, mask=mask, need_weights=need_weights, is_causal=is_causal, cache=cache, positions=positions
+                h,
+                mask=mask,
+                key_padding_mask=key_padding_mask,
+                need_weights=need_weights,
+                is_causal=is_causal,
+                cache=cache,
+                positions=positions,
             )
             return _keep(out, weights, need_weights)
 
@@ -145,9 +153,16 @@ class DecoderOnlyLayer(EncoderLayer):
         is_causal: bool = True,
         cache: KVCache | None = None,
         positions: Tensor | None = None,
+        key_padding_mask: Tensor | None = None,
     ) -> Tensor | tuple[Tensor, Tensor]:
         return super().forward(
-            x, mask=mask, need_weights=need_weights, is_causal=is_causal, cache=cache, positions=positions
+            x,
+            mask=mask,
+            need_weights=need_weights,
+            is_causal=is_causal,
+            cache=cache,
+            positions=positions,
+            key_padding_mask=key_padding_mask,
         )
 
 
@@ -199,17 +214,33 @@ class DecoderLayer(nn.Module):
         tgt_is_causal: bool = False,
         self_cache: KVCache | None = None,
         cross_cache: KVCache | None = None,
+        tgt_key_padding_mask: Tensor | None = None,
+        memory_key_padding_mask: Tensor | None = None,
     ) -> Tensor | tuple[Tensor, Tensor, Tensor]:
+        """Key-padding masks (B, T) and (B, S), True = token, hide each example's padding."""
         weights: list[Tensor] = []
 
         def self_attend(h: Tensor) -> Tensor:
             out = self.self_attn(
-                h, h, h, mask=tgt_mask, need_weights=need_weights, is_causal=tgt_is_causal, cache=self_cache
+                h,
+                mask=tgt_mask,
+                key_padding_mask=tgt_key_padding_mask,
+                need_weights=need_weights,
+                is_causal=tgt_is_causal,
+                cache=self_cache,
             )
             return _keep(out, weights, need_weights)
 
         def cross_attend(h: Tensor) -> Tensor:
-            out = self.cross_attn(h, memory, memory, mask=memory_mask, need_weights=need_weights, cache=cross_cache)
+            out = self.cross_attn(
+                h,
+                memory,
+                memory,
+                mask=memory_mask,
+                key_padding_mask=memory_key_padding_mask,
+                need_weights=need_weights,
+                cache=cross_cache,
+            )
             return _keep(out, weights, need_weights)
 
         x = _residual(x, self_attend, self.norm1, self.dropout1, self.norm_first)

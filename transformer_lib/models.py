@@ -20,7 +20,7 @@ from .masks import padding_mask
 from .norms import NORMS, make_norm
 from .positional import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
 from .precision import output_in_fp32
-from .sampling import sample_next_token
+from .sampling import _validate_sampling, sample_next_token
 from .utils import eval_mode
 
 POSITIONALS = ("learned", "sinusoidal", "rope", "none")
@@ -101,7 +101,7 @@ class Seq2SeqTransformer(nn.Module):
 
     def encode(self, src: Tensor, need_weights: bool = False) -> Tensor | tuple[Tensor, list[Tensor]]:
         """Shapes: src (B, S) -> memory (B, S, d_model) [, per-layer weights (B, n_heads, S, S)]."""
-        _validate_token_ids("src", src, self.src_vocab_size, self.max_len)
+        src = _validate_token_ids("src", src, self.src_vocab_size, self.max_len)
         x = self._embed(self.src_embed, src)
         x, weights = run_layers(self.encoder_layers, x, need_weights, mask=self.src_mask(src))
         x = self.encoder_norm(x)
@@ -124,7 +124,7 @@ class Seq2SeqTransformer(nn.Module):
             [, (self weights (B, n_heads, T, T_k) per layer, cross weights (B, n_heads, T, S) per layer)]
         """
         offset = 0 if caches is None else len(caches[0][0])
-        _validate_token_ids("tgt", tgt, self.tgt_vocab_size, self.max_len - offset)
+        tgt = _validate_token_ids("tgt", tgt, self.tgt_vocab_size, self.max_len - offset)
         x = self._embed(self.tgt_embed, tgt, offset=offset)
         x, weights = run_layers(
             self.decoder_layers,
@@ -318,20 +318,17 @@ class GPT(nn.Module):
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
-    def _validate(self, idx: Tensor, attention_mask: Tensor | None, past: int = 0) -> Tensor | None:
-        """Check the token ids and the padding mask once, at the model's boundary; return the mask as bool."""
-        if self.training and idx.is_cuda:  # the range check syncs with the host: only the shape in GPU training
-            _validate_tensor("idx", idx, ndim=2)
-            if idx.shape[1] > self.config.block_size - past:
-                raise ValueError(
-                    f"idx has length {idx.shape[1]}, longer than the model's context of "
-                    f"{self.config.block_size - past} tokens"
-                )
-        else:
-            _validate_token_ids("idx", idx, self.config.vocab_size, self.config.block_size - past)
+    def _validate(self, idx: Tensor, attention_mask: Tensor | None, past: int = 0) -> tuple[Tensor, Tensor | None]:
+        """Check the token ids and the padding mask once, at the model's boundary.
+
+        Returns the ids as torch.long and the mask as bool. The range check costs one host sync,
+        also in GPU training: an out-of-vocabulary id then stops with a clear error instead of a
+        device-side assert that forces a kernel restart.
+        """
+        idx = _validate_token_ids("idx", idx, self.config.vocab_size, self.config.block_size - past)
         if attention_mask is None:
-            return None
-        return _validate_attention_mask(attention_mask, idx.shape[0], past + idx.shape[1])
+            return idx, None
+        return idx, _validate_attention_mask(attention_mask, idx.shape[0], past + idx.shape[1])
 
     def _hidden(
         self,
@@ -374,14 +371,17 @@ class GPT(nn.Module):
         ``attention_mask`` (B, T_past + T): 1 for tokens, 0 for left padding.
         """
         past = 0 if caches is None else len(caches[0])
-        attention_mask = self._validate(idx, attention_mask, past)
+        idx, attention_mask = self._validate(idx, attention_mask, past)
         h, _ = self._hidden(idx, caches, attention_mask)
         logits = output_in_fp32(self.lm_head, h)  # (B, T, vocab_size)
         if targets is None:
             return logits, None
-        if not isinstance(targets, Tensor) or targets.shape != idx.shape:
-            got = tuple(targets.shape) if isinstance(targets, Tensor) else type(targets).__name__
-            raise ValueError(f"targets must have the shape of idx {tuple(idx.shape)}, got {got}")
+        _validate_tensor("targets", targets)
+        if targets.shape != idx.shape or targets.is_floating_point() or targets.dtype == torch.bool:
+            raise ValueError(
+                f"targets must be integer token ids with the shape of idx {tuple(idx.shape)}, "
+                f"got shape {tuple(targets.shape)} and dtype {targets.dtype}"
+            )
         loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten().long(), ignore_index=-100)
         return logits, loss
 
@@ -392,7 +392,7 @@ class GPT(nn.Module):
     @torch.no_grad()
     def attention_maps(self, idx: Tensor, attention_mask: Tensor | None = None) -> list[Tensor]:
         """Attention weights of every block, in eval mode. Shapes: idx (B, T) -> n_layers x (B, n_heads, T, T)."""
-        attention_mask = self._validate(idx, attention_mask)
+        idx, attention_mask = self._validate(idx, attention_mask)
         with eval_mode(self):
             return self._hidden(idx, attention_mask=attention_mask, need_weights=True)[1]
 
@@ -420,9 +420,12 @@ class GPT(nn.Module):
 
         Shapes: idx (B, T0) -> (B, T0 + max_new_tokens) [, logits (B, max_new_tokens, vocab_size)].
         """
-        _validate_token_ids("idx", idx, self.config.vocab_size)
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        idx = _validate_token_ids("idx", idx, self.config.vocab_size)
+        if idx.shape[1] == 0:
+            raise ValueError(f"idx must hold at least one token per row to continue from, got shape {tuple(idx.shape)}")
+        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+        _validate_sampling(temperature, top_k, top_p)
         mask = None if attention_mask is None else _validate_attention_mask(attention_mask, *idx.shape)
         all_logits = []
         with eval_mode(self):
@@ -503,7 +506,7 @@ class EncoderOnlyTransformer(nn.Module):
         token_type_ids: Tensor | None = None,
         need_weights: bool = False,
     ) -> Tensor | tuple[Tensor, list[Tensor]]:
-        _validate_token_ids("input_ids", input_ids, self.vocab_size, self.max_len)
+        input_ids = _validate_token_ids("input_ids", input_ids, self.vocab_size, self.max_len)
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         x = self.pos(self.word_embed(input_ids)) + self.type_embed(token_type_ids)  # (B, T, d_model)

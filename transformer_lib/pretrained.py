@@ -63,8 +63,14 @@ def load_minilm(device: torch.device | str = "cpu"):
 
     Defined in chapter 3, Multi-head attention.
     """
-    from safetensors.torch import load_file
-    from transformers import BertTokenizerFast
+    try:
+        from safetensors.torch import load_file
+        from transformers import BertTokenizerFast
+    except ImportError as e:
+        raise ImportError(
+            f"load_minilm needs safetensors and transformers ({e}): pip install safetensors transformers, "
+            f"or pip install 'transformer_lib[book]'"
+        ) from e
 
     path = minilm_dir()
     cfg = json.loads((path / "config.json").read_text())

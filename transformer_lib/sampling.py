@@ -15,8 +15,7 @@ def top_k_filter(logits: Tensor, k: int) -> Tensor:
 
     Defined in chapter 7, Decoder-only.
     """
-    if not isinstance(k, int) or k < 1:
-        raise ValueError(f"top_k must be a positive int, got {k!r}")
+    _validate_top_k(k)
     k = min(k, logits.shape[-1])
     kth = torch.topk(logits, k, dim=-1).values[..., -1:]  # (B, 1) the k-th largest value
     return logits.masked_fill(logits < kth, float("-inf"))
@@ -25,16 +24,17 @@ def top_k_filter(logits: Tensor, k: int) -> Tensor:
 def top_p_filter(logits: Tensor, p: float) -> Tensor:
     """Nucleus filtering: keep the smallest set of most likely tokens whose probability reaches ``p``.
 
-    The most likely token is always kept.
+    The most likely token is always kept; ``p = 1`` keeps every token.
 
     Shapes: logits (B, V) -> (B, V).
 
     Defined in chapter 7, Decoder-only.
     """
-    if not 0.0 < p <= 1.0:
-        raise ValueError(f"top_p must be in (0, 1], got {p!r}")
+    _validate_top_p(p)
+    if p == 1.0:  # the float cumulative sum can reach 1 before the tail: keep everything explicitly
+        return logits
     sorted_logits, order = torch.sort(logits, dim=-1, descending=True)  # (B, V)
-    probs = torch.softmax(sorted_logits, dim=-1)
+    probs = torch.softmax(sorted_logits.double(), dim=-1)
     before = probs.cumsum(dim=-1) - probs  # probability mass of the tokens ranked above each one
     drop_sorted = before >= p  # a token is dropped once the tokens above it already reach p
     drop = drop_sorted.scatter(-1, order, drop_sorted)  # back to vocabulary order
@@ -53,8 +53,7 @@ def sample_next_token(
     Shapes: logits (B, V) -> (B,) long.
     """
     _validate_tensor("logits", logits, ndim=2, floating=True)
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    _validate_sampling(temperature, top_k, top_p)
     if temperature == 0:
         return logits.argmax(dim=-1)
     logits = logits / temperature
@@ -64,3 +63,25 @@ def sample_next_token(
         logits = top_p_filter(logits, top_p)
     probs = torch.softmax(logits.float(), dim=-1)
     return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+
+
+def _validate_top_k(k: object) -> None:
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise ValueError(f"top_k must be a positive int, got {k!r}")
+
+
+def _validate_top_p(p: object) -> None:
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 < p <= 1.0:
+        raise ValueError(f"top_p must be a number in (0, 1], got {p!r}")
+
+
+def _validate_sampling(temperature: object, top_k: object, top_p: object) -> None:
+    """Check the sampling settings, also when greedy decoding (temperature 0) would not use them."""
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
+        raise ValueError(f"temperature must be a number >= 0 (0 = greedy), got {temperature!r}")
+    if temperature == float("inf"):
+        raise ValueError("temperature must be finite (infinity would make every token equally likely)")
+    if top_k is not None:
+        _validate_top_k(top_k)
+    if top_p is not None:
+        _validate_top_p(top_p)

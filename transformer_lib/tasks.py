@@ -198,8 +198,8 @@ class Seq2SeqData:
 
     def batch(self, pairs: Sequence[tuple[str, str]]) -> tuple[Tensor, Tensor]:
         """Shapes: -> src (B, S), tgt (B, T + 2)."""
-        src = [torch.tensor(self.tokenizer.encode(s)) for s, _ in pairs]
-        tgt = [torch.tensor(self.tokenizer.encode(t, bos=True, eos=True)) for _, t in pairs]
+        src = [torch.tensor(self.tokenizer.encode(s), dtype=torch.long) for s, _ in pairs]  # "" -> (0,) long
+        tgt = [torch.tensor(self.tokenizer.encode(t, bos=True, eos=True), dtype=torch.long) for _, t in pairs]
         pad = torch.nn.utils.rnn.pad_sequence
         return pad(src, batch_first=True, padding_value=PAD), pad(tgt, batch_first=True, padding_value=PAD)
 
