@@ -3,6 +3,8 @@ crashes deep inside PyTorch and misleading messages. Each failed before its fix.
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 from torch import nn
@@ -192,3 +194,18 @@ def test_copy_from_torch_refuses_layers_that_compute_something_else(theirs_kwarg
 def test_copy_from_torch_refuses_sequence_first_attention():
     with pytest.raises(ValueError, match="batch_first=False"):
         copy_from_torch(MultiHeadAttention(8, 2), nn.MultiheadAttention(8, 2))
+
+
+# --------------------------------------------------------------------------- install hints
+
+
+def test_missing_packages_say_how_to_install_them(monkeypatch):
+    from transformer_lib.notebook import viz
+    from transformer_lib.pretrained import load_minilm
+
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers -> ImportError
+    with pytest.raises(ImportError, match="pip install safetensors transformers"):
+        load_minilm()
+    monkeypatch.setitem(sys.modules, "bertviz", None)
+    with pytest.raises(ImportError, match="pip install bertviz"):
+        viz.head_view([torch.rand(1, 2, 3, 3)], tokens=["a", "b", "c"])

@@ -204,6 +204,15 @@ def _show(view: Any, args: dict[str, Any], display: bool) -> HTML | None:
     return html
 
 
+def _bertviz():
+    """The bertviz module, or an ImportError that says how to install it."""
+    try:
+        import bertviz
+    except ImportError as e:
+        raise ImportError("the attention views need bertviz: pip install bertviz (or 'transformer_lib[book]')") from e
+    return bertviz
+
+
 def head_view(
     attention: AttentionLike | None,
     tokens: Sequence[str] | None = None,
@@ -229,9 +238,7 @@ def head_view(
     ``decimals`` places to keep pages small. With ``display=False`` the ``IPython.display.HTML``
     is returned instead of shown.
     """
-    from bertviz import head_view as _head_view
-
-    return _show(_head_view, _prepare(attention, tokens, kw, batch_index, decimals), display)
+    return _show(_bertviz().head_view, _prepare(attention, tokens, kw, batch_index, decimals), display)
 
 
 def model_view(
@@ -256,8 +263,7 @@ def model_view(
     ``include_heads``, ``sentence_b_start``, ``prettify_tokens``). ``display_mode`` is
     ``"light"`` (default here, to match the book) or ``"dark"`` (bertviz's default).
     """
-    from bertviz import model_view as _model_view
-
+    _model_view = _bertviz().model_view
     args = _prepare(attention, tokens, kw, batch_index, decimals)
     args["display_mode"] = display_mode
     return _show(_model_view, args, display)
