@@ -3,6 +3,8 @@
 import inspect
 import math
 import random
+import threading
+import time
 import typing
 
 import numpy as np
@@ -21,6 +23,7 @@ from transformer_lib import (
 )
 from transformer_lib.notebook import exercises as ex
 from transformer_lib.notebook.exercises import (
+    _framework,
     ch01_attention,
     ch02_masking,
     ch03_multi_head_attention,
@@ -98,7 +101,11 @@ def test_mask_checkers():
     upper = ex.check_causal_mask(lambda T: torch.triu(torch.ones(T, T, dtype=torch.bool)))
     assert not upper.passed and "see the future" in upper.text
     strict = ex.check_causal_mask(lambda T: torch.tril(torch.ones(T, T, dtype=torch.bool), -1))
-    assert "diagonal is missing" in strict.text
+    assert strict.text.count("the diagonal is masked") == 3, strict.text  # T=1 too, where it equals ~mask
+    assert "polarity" not in strict.text
+    assert (
+        "polarity is inverted" in ex.check_causal_mask(lambda T: ~torch.tril(torch.ones(T, T, dtype=torch.bool))).text
+    )
     assert "boolean" in ex.check_causal_mask(lambda T: torch.tril(torch.ones(T, T))).text
     assert ex.check_padding_mask(lambda t, p: (t != p)[:, None, None, :]).passed
     assert "polarity is inverted" in ex.check_padding_mask(lambda t, p: (t == p)[:, None, None, :]).text
@@ -558,3 +565,280 @@ def test_checker_decorator_builds_a_public_checker(capsys):
     crashed = check_double(lambda x: x.missing())
     assert "raised AttributeError" in crashed.text and "Hint: return 2 * x." in crashed.text
     assert len(calls) == 3
+
+
+# ---------------------------------------------------------------- the framework: inputs the answer changes in place
+
+
+def _good_split_heads(x, n_heads):
+    B, T, d = x.shape
+    return x.view(B, T, n_heads, d // n_heads).transpose(1, 2)
+
+
+def test_split_heads_fails_an_answer_that_zeroes_its_input():
+    def zeroing(x, n_heads):  # returns a view of its zeroed input: it used to equal an expected view of x
+        x.zero_()
+        return _good_split_heads(x, n_heads)
+
+    result = ex.check_split_heads(zeroing)
+    assert not result.passed
+    assert result.text.count("your function changed its input in place (x)") == 3, result.text
+    assert "x.zero_()" in result.text  # the hint names the culprits
+    assert ex.check_split_heads(_good_split_heads).passed  # the checker's own inputs were left alone
+
+
+def _then_changing_its_inputs(answer):
+    """``answer`` that, after computing its result, writes into every tensor it was given."""
+
+    def wrapped(*args, **kwargs):
+        result = answer(*args, **kwargs)
+        for t in (*args, *kwargs.values()):
+            if isinstance(t, torch.Tensor):
+                t.logical_not_() if t.dtype == torch.bool else t.add_(1)
+        return result
+
+    return wrapped
+
+
+TENSOR_INPUT_CHECKERS = [name for name in CHECKERS if name not in {"check_causal_mask", "check_prefix_lm_mask"}]
+TENSOR_INPUT_CHECKERS.remove("check_sinusoidal_encoding")  # these three are given integers only
+
+
+@pytest.mark.parametrize("name", TENSOR_INPUT_CHECKERS)
+def test_an_answer_that_changes_its_inputs_fails(name):
+    result = getattr(ex, name)(_then_changing_its_inputs(REFERENCE_ANSWERS[name]))
+    assert not result.passed and "✅" not in result.text, result.text
+    assert "your function changed its input in place (" in result.text, result.text
+    assert getattr(ex, name)(REFERENCE_ANSWERS[name]).passed  # and the next answer is checked on clean inputs
+
+
+def test_an_answer_that_changes_a_module_it_is_given_fails():
+    def zeroes_the_output_projection(mha, query, key, value):
+        out = mha(query, key, value)
+        mha.out_proj.weight.zero_()
+        return out
+
+    result = ex.check_multi_head_attention(zeroes_the_output_projection)
+    assert result.text.count("changed its input in place (mha.out_proj.weight)") == 3, result.text
+    assert ex.check_multi_head_attention(REFERENCE_ANSWERS["check_multi_head_attention"]).passed
+
+
+def test_an_answer_that_keeps_its_inputs_passes_even_if_they_alias():
+    seen = []
+
+    def records_aliasing(mha, query, key, value):  # self-attention: the checker passes key as value too
+        seen.append(key is value)
+        return mha(query, key, value)
+
+    assert ex.check_multi_head_attention(records_aliasing).passed
+    assert seen == [True, True, True]
+
+
+# ---------------------------------------------------------------- the framework: odd tensors never crash a checker
+
+
+@pytest.mark.parametrize(
+    "odd, words",
+    [
+        (lambda t: torch.empty(t.shape, device="meta"), "got a dense tensor on meta"),
+        (lambda t: t.to_sparse(), "got a sparse_coo tensor on cpu"),
+    ],
+    ids=["meta device", "sparse"],
+)
+@pytest.mark.parametrize("name", ["check_split_heads", "check_attention", "check_layer_norm", "check_top_k_filter"])
+def test_a_tensor_on_another_device_or_sparse_gets_feedback_not_a_crash(name, odd, words):
+    reference = REFERENCE_ANSWERS[name]
+
+    def answer(*args, **kwargs):
+        got = reference(*args, **kwargs)
+        return tuple(odd(t) for t in got) if isinstance(got, tuple) else odd(got)
+
+    result = getattr(ex, name)(answer)
+    assert not result.passed and "✅" not in result.text
+    assert "expected a dense tensor on the CPU" in result.text and words in result.text, result.text
+
+
+def test_the_comparison_is_guarded_too(monkeypatch):
+    def broken_difference(got, expected, atol=1e-5):
+        raise RuntimeError("an odd result")
+
+    monkeypatch.setattr(_framework, "_difference", broken_difference)
+    result = ex.check_split_heads(_good_split_heads)
+    assert not result.passed
+    assert "could not compare your result with the expected one: RuntimeError: an odd result" in result.text
+
+
+# ---------------------------------------------------------------- the framework: a time limit per case
+
+
+def _hangs_for_three_examples(x, n_heads):
+    if x.shape[0] == 3:  # the second case only: B=3
+        while True:
+            pass
+    return _good_split_heads(x, n_heads)
+
+
+def test_a_case_that_never_returns_fails_and_the_others_still_run(monkeypatch):
+    monkeypatch.setattr(_framework, "CASE_TIMEOUT_SECONDS", 0.2)
+    start = time.monotonic()
+    result = ex.check_split_heads(_hangs_for_three_examples)
+    assert time.monotonic() - start < 5
+    assert "1 of 3 checks failed" in result.text, result.text
+    assert "❌ B=3, T=5, d_model=12, n_heads=3: took longer than 0.2 s: an infinite loop?" in result.text
+    assert "✅ B=1" in result.text and "✅ B=2" in result.text  # the case after the hung one ran
+    assert "background" not in result.text  # in the main thread, SIGALRM stopped the loop
+
+
+def test_an_answer_cannot_swallow_its_time_limit():
+    def swallows(x, n_heads):
+        try:
+            time.sleep(30)
+        except BaseException:  # even a bare except: the time limit is reported, and interrupts again
+            pass
+        if x.shape[0] == 3:
+            time.sleep(30)
+        return _good_split_heads(x, n_heads)
+
+    start = time.monotonic()
+    c = ex.Checker("check_swallowing", timeout_seconds=0.2)
+    for B in (1, 3):
+        x = torch.randn(B, 4, 8)
+        c.case(
+            f"B={B}", lambda x, n_heads: swallows(x, n_heads), _good_split_heads(x, 2), inputs={"x": x, "n_heads": 2}
+        )
+    result = c.done()
+    assert time.monotonic() - start < 5
+    assert result.text.count("took longer than 0.2 s") == 2, result.text  # returning after the limit is no pass
+
+
+def test_the_time_limit_falls_back_to_a_thread_outside_the_main_thread(monkeypatch):
+    monkeypatch.setattr(_framework, "CASE_TIMEOUT_SECONDS", 0.2)
+    release = threading.Event()
+
+    def blocks_for_three_examples(x, n_heads):
+        if x.shape[0] == 3:
+            release.wait(30)
+        return _good_split_heads(x, n_heads)
+
+    results = []
+    worker = threading.Thread(target=lambda: results.append(ex.check_split_heads(blocks_for_three_examples)))
+    start = time.monotonic()
+    worker.start()
+    worker.join(10)
+    release.set()  # let the abandoned answer finish
+    assert time.monotonic() - start < 5 and results
+    text = results[0].text
+    assert "1 of 3 checks failed" in text, text
+    assert "took longer than 0.2 s: an infinite loop? (it may still be running in the background)" in text
+    assert "✅ B=1" in text and "✅ B=2" in text
+
+
+def test_a_checker_carries_no_grad_into_the_thread_fallback():
+    grad_modes = []
+
+    def records_grad_mode(x):
+        grad_modes.append(torch.is_grad_enabled())
+        return x
+
+    def run():
+        c = ex.Checker("check_grad_mode")
+        with torch.no_grad():
+            c.case("x", lambda x: records_grad_mode(x), torch.ones(2), inputs={"x": torch.ones(2)})
+        assert c.failures == 0
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    worker.join(10)
+    assert grad_modes == [False]
+
+
+def test_a_timeout_leaves_no_alarm_behind():
+    import signal
+
+    c = ex.Checker("check_alarm", timeout_seconds=0.05)
+    c.case("hangs", lambda: time.sleep(5), torch.tensor(1.0))
+    assert c.failures == 1
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    assert signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, None)
+
+
+# ---------------------------------------------------------------- hints for the exception, and for three classic bugs
+
+
+def test_attention_hints_at_k_T_only_when_k_T_raised():
+    def raises(q, k, v, mask=None):
+        raise ValueError("something else went wrong")
+
+    result = ex.check_attention(raises)
+    assert not result.passed and "raised ValueError: something else went wrong" in result.text
+    assert "k.T" not in result.text and "check each step's shapes" in result.text
+
+    def mask_of_the_wrong_shape(q, k, v, mask=None):  # a shape error that k.T did not cause
+        s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        s = s if mask is None else s.masked_fill(~mask[:-1], float("-inf"))
+        return torch.softmax(s, dim=-1) @ v, torch.softmax(s, dim=-1)
+
+    wrong_mask = ex.check_attention(mask_of_the_wrong_shape)
+    assert "❌ with a causal mask" in wrong_mask.text and "k.T" not in wrong_mask.text, wrong_mask.text
+
+
+def test_multi_head_attention_blames_the_query_length_only_for_a_shape_error():
+    def raises(mha, query, key, value):
+        raise ValueError("not yet")
+
+    result = ex.check_multi_head_attention(raises)
+    assert "more keys than queries" not in result.text and result.text.count("Hint: project with") == 3
+
+
+def test_split_heads_names_the_batch_flattened_into_the_heads():
+    def flattened(x, n_heads):
+        B, T, d = x.shape
+        return x.view(B * n_heads, T, d // n_heads)
+
+    def reshaped(x, n_heads):
+        return x.reshape(-1, x.shape[1], x.shape[2] // n_heads)
+
+    for wrong in (flattened, reshaped):
+        result = ex.check_split_heads(wrong)
+        assert result.text.count("you flattened the batch into the heads") == 3, result.text
+
+
+def test_multi_head_attention_names_the_batch_flattened_into_the_heads():
+    def flattened(mha, query, key, value):
+        B, T_q, d = query.shape
+        T_k, h = key.shape[1], mha.n_heads
+        q = mha.q_proj(query).view(B * h, T_q, d // h)
+        k = mha.k_proj(key).view(B * h, T_k, d // h)
+        v = mha.v_proj(value).view(B * h, T_k, d // h)
+        w = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d // h), dim=-1)
+        return mha.out_proj((w @ v).view(B, T_q, d))
+
+    result = ex.check_multi_head_attention(flattened)
+    assert result.text.count("you flattened the batch into the heads") == 3, result.text
+
+
+def test_layer_norm_names_the_batch_axis():
+    def over_the_batch(x, w, b, eps=1e-5):
+        return (x - x.mean(dim=0)) / torch.sqrt(x.var(dim=0, unbiased=False) + eps) * w + b
+
+    def over_the_batch_unbiased(x, w, b, eps=1e-5):
+        return (x - x.mean(dim=0, keepdim=True)) / torch.sqrt(x.var(dim=0, keepdim=True) + eps) * w + b
+
+    for wrong in (over_the_batch, over_the_batch_unbiased):
+        result = ex.check_layer_norm(wrong)
+        assert result.text.count("you normalize over the batch axis") == 3, (wrong.__name__, result.text)
+
+
+def test_sinusoidal_encoding_names_sin_and_cos_in_halves():
+    def halves(max_len, d_model):  # the first d/2 columns sines, the last d/2 cosines
+        pos = torch.arange(max_len)[:, None]
+        omega = torch.exp(torch.arange(0, d_model, 2) * (-math.log(10000.0) / d_model))
+        pe = torch.zeros(max_len, d_model)
+        pe[:, : d_model // 2] = torch.sin(pos * omega)
+        pe[:, d_model // 2 :] = torch.cos(pos * omega)
+        return pe
+
+    result = ex.check_sinusoidal_encoding(halves)
+    assert result.text.count("sin and cos in halves") == 3, result.text
+    cos_first = ex.check_sinusoidal_encoding(lambda n, d: halves(n, d).roll(d // 2, dims=-1))
+    assert cos_first.text.count("cos and sin in halves") == 3, cos_first.text

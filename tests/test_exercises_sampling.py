@@ -38,3 +38,11 @@ def test_top_p_checker():
         lambda x, p: x.masked_fill(x.softmax(-1).cumsum(-1) - x.softmax(-1) >= p, float("-inf"))
     )
     assert "sort the probabilities" in unsorted.text
+
+
+def test_top_k_checker_blames_k_only_for_the_error_k_causes():
+    def raises(logits, k):
+        raise ValueError("not yet")
+
+    result = ex.check_top_k_filter(raises)
+    assert not result.passed and "min(k" not in result.text and result.text.count("Hint: kth = logits.topk") == 4

@@ -2,14 +2,18 @@
 
 Each ``check_<name>(student_answer)`` runs hidden cases (shapes, equality with the
 library, leak checks), prints friendly feedback (which case failed, expected vs got,
-a hint) and returns a :class:`CheckResult`. A wrong answer never crashes a checker, and
-a checker leaves the reader's random streams (torch, ``random``, NumPy) as it found them.
+a hint) and returns a :class:`CheckResult`. A wrong answer never crashes a checker: an
+exception, a sparse result or one on another device becomes feedback. A case hands the
+answer copies of its inputs and fails an answer that changes them in place; it waits at
+most ``_framework.CASE_TIMEOUT_SECONDS`` (10 s) for the answer, so an infinite loop fails
+the case instead of hanging the notebook. A checker leaves the reader's random streams
+(torch, ``random``, NumPy) as it found them.
 When a case fails, the checker compares the answer with the classic bugs that popular
-tutorials ship (a missing 1/sqrt(d_k), softmax over the wrong axis, an inverted mask,
-the batch mixed into the head split, keys reshaped with the query's length, sine and
-cosine swapped, RoPE rotating dimension i with i + d/2 instead of its neighbour, a
-LayerNorm with the unbiased variance or eps outside the square root) and names the
-one it recognises.
+tutorials ship (a missing 1/sqrt(d_k), softmax over the wrong axis, an inverted mask, a
+masked diagonal, the batch mixed into or flattened into the head split, keys reshaped with
+the query's length, sine and cosine swapped or in halves, RoPE rotating dimension i with
+i + d/2 instead of its neighbour, a LayerNorm over the batch axis, with the unbiased
+variance or eps outside the square root) and names the one it recognises.
 
 - ``_framework``: :class:`CheckResult`, :class:`Bug`, the case runner :class:`Checker` and ``@checker``
 - ``ch01_attention``: ``check_attention``, ``check_softmax``

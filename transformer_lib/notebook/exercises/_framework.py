@@ -3,21 +3,39 @@
 A checker is written as ``def check_x(c: Checker, answer) -> None`` that runs its hidden cases with
 ``c.case(...)``; ``@checker`` turns it into the public ``check_x(answer) -> CheckResult``, which
 refuses a non-callable answer, keeps the reader's random streams untouched and prints the feedback.
+
+A case hands the answer copies of its ``inputs`` and fails an answer that changes them in place, gives
+the answer :data:`CASE_TIMEOUT_SECONDS` to return, and turns anything odd the answer does (raise, hang,
+return a sparse tensor or one on another device) into a failed case with feedback, never a crash.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import inspect
 import random
+import re
+import signal
+import threading
+import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
+
+CASE_TIMEOUT_SECONDS: float = 10.0
+"""How long one case waits for the answer to return, in seconds; an answer that takes longer fails the case.
+
+Set it before calling a checker (``_framework.CASE_TIMEOUT_SECONDS = 30.0``) on a slow machine; a
+:class:`Checker` built with ``timeout_seconds=`` uses its own limit instead."""
+
+_ALARM_REPEAT_SECONDS = 0.1  # after the time limit, interrupt again this often: the answer may swallow one
 
 
 @dataclass
@@ -68,6 +86,13 @@ def _difference(got: Any, expected: Any, atol: float = 1e-5) -> str | None:
         return None
     if not isinstance(got, Tensor):
         return f"expected {_describe(expected)}, got {_describe(got)}"
+    if got.layout != torch.strided or got.device != expected.device:
+        where = "the CPU" if expected.device.type == "cpu" else str(expected.device)
+        kind = "dense" if got.layout == torch.strided else str(got.layout).removeprefix("torch.")
+        return (
+            f"expected a dense tensor on {where}, got a {kind} tensor on {got.device}: create new tensors "
+            f"like the inputs (device=x.device), without .to(...), .cuda() or .to_sparse()"
+        )
     if got.shape != expected.shape:
         return f"expected shape {tuple(expected.shape)}, got shape {tuple(got.shape)}"
     if expected.dtype == torch.bool:
@@ -105,29 +130,224 @@ def _nan_to_zero(x: Any) -> Any:
     return x
 
 
+def _independent_copy(x: Any) -> Any:
+    """``x`` with every tensor (also inside tuples) cloned and detached: nothing else can change it."""
+    if isinstance(x, tuple):
+        return tuple(_independent_copy(t) for t in x)
+    if isinstance(x, Tensor):
+        return x.detach().clone()
+    return x
+
+
+def _tensor_change(before: Tensor, after: Tensor) -> str | None:
+    """None when ``after`` still holds ``before``'s values; else what changed."""
+    layout_before = (before.shape, before.dtype, before.device, before.layout)
+    if (after.shape, after.dtype, after.device, after.layout) != layout_before:
+        return f"it became a {_describe(after)} on {after.device}, from a {_describe(before)}"
+    changed = after != before
+    if before.is_floating_point():  # NaN != NaN: a NaN that was there before is not a change
+        changed &= ~(after.isnan() & before.isnan())
+    n = int(changed.sum())
+    return f"{n} of {before.numel()} entries changed" if n else None
+
+
+def _in_place_change(name: str, before: Any, after: Any) -> tuple[str, str] | None:
+    """``(where, what)`` for the first part of the input ``name`` that the answer changed, or None.
+
+    ``before`` is the checker's own input, ``after`` the copy the answer received.
+    """
+    if isinstance(before, Tensor):
+        what = _tensor_change(before, after) if isinstance(after, Tensor) else "it is no longer a tensor"
+        return (name, what) if what else None
+    if isinstance(before, nn.Module):
+        weights_before, weights_after = before.state_dict(), after.state_dict()
+        for key, tensor in weights_before.items():
+            if key not in weights_after:
+                return f"{name}.{key}", "it was removed"
+            what = _tensor_change(tensor, weights_after[key])
+            if what:
+                return f"{name}.{key}", what
+        return None
+    if isinstance(before, tuple | list):
+        for i, (b, a) in enumerate(zip(before, after, strict=False)):
+            change = _in_place_change(f"{name}[{i}]", b, a)
+            if change:
+                return change
+    return None
+
+
+_IN_PLACE_HINT = (
+    "don't write into the tensors you are given: operations ending in an underscore (x.zero_(), "
+    "x.masked_fill_(...)), x[...] = ... and x += ... change the caller's tensor. Compute a new one instead "
+    "(x.masked_fill(...), x = x + ...), or start from x = x.clone()."
+)
+
+
+class _TimeLimitReached(BaseException):
+    """Raised inside an answer whose time is up; a BaseException, so the answer's ``except Exception`` lets it by."""
+
+
+@dataclass
+class _Outcome:
+    """What calling the answer gave: its value, the exception it raised, or the time limit."""
+
+    value: Any = None
+    error: BaseException | None = None
+    timed_out: bool = False
+    still_running: bool = False  # the thread fallback cannot stop the answer
+
+
+def _can_use_alarm() -> bool:
+    """SIGALRM can interrupt the answer: we are the main thread and nobody else uses the alarm (pytest-timeout)."""
+    return (
+        hasattr(signal, "setitimer")
+        and threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, signal.SIG_IGN, None)
+        and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    )
+
+
+def _run_with_alarm(call: Callable[[], Any], seconds: float) -> _Outcome:
+    """Call ``call()`` in this (main) thread; SIGALRM interrupts it after ``seconds`` (POSIX: Linux, macOS, Colab)."""
+    armed, fired = True, False
+
+    def on_alarm(signum: int, frame: Any) -> None:
+        nonlocal fired
+        if armed:  # a late alarm, after the answer returned, does nothing
+            fired = True
+            raise _TimeLimitReached
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    outcome = _Outcome()
+    try:
+        try:
+            signal.setitimer(signal.ITIMER_REAL, seconds, _ALARM_REPEAT_SECONDS)
+            outcome = _Outcome(value=call())
+        except Exception as e:
+            outcome = _Outcome(error=e)
+        finally:
+            armed = False
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    except _TimeLimitReached:  # raised in the answer, or in the lines above before they disarmed the timer
+        pass
+    finally:
+        armed = False
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    return _Outcome(timed_out=True) if fired else outcome
+
+
+def _run_in_thread(call: Callable[[], Any], seconds: float) -> _Outcome:
+    """Call ``call()`` in a daemon thread and wait at most ``seconds`` (where SIGALRM is not available).
+
+    Python cannot kill a thread: an answer that never returns keeps running in the background until the
+    kernel restarts. It works on its own copies of the inputs, so the later cases are unaffected, but
+    it may still draw from the global random generators after the checker restored them.
+    """
+    outcome = _Outcome(timed_out=True, still_running=True)
+    grad_enabled = torch.is_grad_enabled()  # grad mode is per thread: carry the checker's torch.no_grad() over
+
+    def run() -> None:
+        nonlocal outcome
+        with torch.set_grad_enabled(grad_enabled):
+            try:
+                result = _Outcome(value=call())
+            except BaseException as e:  # even SystemExit: a thread cannot pass it on
+                result = _Outcome(error=e)
+        outcome = result
+
+    thread = threading.Thread(target=run, name="exercise checker: the answer", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    return _Outcome(timed_out=True, still_running=True) if thread.is_alive() else outcome
+
+
+def _run_with_time_limit(call: Callable[[], Any], seconds: float) -> _Outcome:
+    """Call ``call()``, giving up after ``seconds``: SIGALRM where possible, a daemon thread otherwise."""
+    return _run_with_alarm(call, seconds) if _can_use_alarm() else _run_in_thread(call, seconds)
+
+
+_PACKAGE_DIRS = (Path(torch.__file__).resolve().parent, Path(__file__).resolve().parent)
+
+
+def line_that_raised(error: BaseException) -> str:
+    """The source line of the answer where ``error`` was raised ('' if unknown): the last frame outside torch
+    and the checkers (works for notebook cells too, which IPython registers with ``linecache``)."""
+    for frame in reversed(traceback.extract_tb(error.__traceback__)):
+        path = Path(frame.filename).resolve()
+        if not any(d in path.parents for d in _PACKAGE_DIRS):
+            return frame.line or ""
+    return ""
+
+
+def uses_dot_T(line: str) -> bool:
+    """Whether a line of code uses the ``.T`` attribute (``k.T``, ``x.T @ y``)."""
+    return re.search(r"\.T\b", line) is not None
+
+
 class Checker:
     """Runs a checker's cases, collects one feedback line per case and counts the failures."""
 
-    def __init__(self, title: str) -> None:
+    def __init__(self, title: str, timeout_seconds: float | None = None) -> None:
         self.title, self.lines, self.failures = title, [], 0
+        self.timeout_seconds = timeout_seconds  # None: CASE_TIMEOUT_SECONDS, read when a case runs
 
     def case(
         self,
         name: str,
-        answer: Callable[[], Any],
+        answer: Callable[..., Any],
         expected: Any,
         bugs: tuple[Bug, ...] = (),
         hint: str = "",
-        error_hint: str = "",
+        error_hint: str | Callable[[Exception], str] = "",
         atol: float = 1e-5,
+        inputs: dict[str, Any] | None = None,
     ) -> None:
-        """Run ``answer()``, compare it with ``expected`` and, if it differs, name the first matching bug."""
-        try:
-            got = answer()
-        except Exception as e:  # a wrong answer must never crash the checker
-            self._fail(name, f"raised {type(e).__name__}: {e}", error_hint or hint)
+        """Run ``answer`` on copies of ``inputs``, compare with ``expected``; if it differs, name the matching bug.
+
+        ``inputs`` maps names to the tensors, modules and numbers the answer works on: ``answer`` receives
+        copies of them as keyword arguments (``lambda x, n_heads: split_heads(x, n_heads)``), and the case
+        fails, naming the input, if the answer changes its copies in place. ``expected`` is copied before the
+        answer runs, so it cannot change either. ``error_hint`` (the hint when the answer raises) may be a
+        function of the exception, to hint only at the mistake that raises it.
+        """
+        expected = _independent_copy(expected)
+        inputs = inputs or {}
+        copies = copy.deepcopy(inputs)  # one copy per object: aliased inputs (key is value) stay aliased
+        seconds = CASE_TIMEOUT_SECONDS if self.timeout_seconds is None else self.timeout_seconds
+        outcome = _run_with_time_limit(lambda: answer(**copies), seconds)
+        if outcome.timed_out:
+            background = " (it may still be running in the background)" if outcome.still_running else ""
+            self._fail(
+                name,
+                f"took longer than {seconds:g} s: an infinite loop?{background}",
+                "look for a loop that never ends (a `while` whose condition never changes), or one over every "
+                "element where a tensor operation would do.",
+            )
             return
-        problem = _difference(got, expected, atol)
+        if outcome.error is not None:
+            e = outcome.error
+            try:
+                specific = error_hint(e) if callable(error_hint) else error_hint
+            except Exception:
+                specific = ""
+            self._fail(name, f"raised {type(e).__name__}: {e}", specific or hint)
+            return
+        for input_name, original in inputs.items():
+            try:
+                change = _in_place_change(input_name, original, copies[input_name])
+            except Exception as e:
+                change = (input_name, f"it can no longer be compared ({type(e).__name__}: {e})")
+            if change:
+                where, what = change
+                self._fail(name, f"your function changed its input in place ({where}): {what}", _IN_PLACE_HINT)
+                return
+        got = outcome.value
+        try:  # an odd result (sparse, on another device, a subclass) must not crash the checker either
+            problem = _difference(got, expected, atol)
+        except Exception as e:
+            self._fail(name, f"could not compare your result with the expected one: {type(e).__name__}: {e}", hint)
+            return
         if problem is None:
             self.lines.append(f"  ✅ {name}")
             return

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 
 import torch
@@ -10,7 +11,7 @@ from torch import Tensor
 
 from ...attention import scaled_dot_product_attention
 from ...masks import causal_mask
-from ._framework import Bug, Checker, checker
+from ._framework import Bug, Checker, checker, line_that_raised, uses_dot_T
 
 __all__ = ["check_attention", "check_softmax"]
 
@@ -50,6 +51,20 @@ def _attention_bugs(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> tup
     return tuple(bugs)
 
 
+_DOT_T_HINT = "use k.transpose(-2, -1) (not k.T) so that batch and head axes stay in front."
+
+
+def _attention_error_hint(error: Exception) -> str:
+    """The ``k.T`` hint only for the error ``k.T`` causes: the line that raised uses ``.T``, which on a
+    batched k reverses every axis and breaks the broadcast of q @ k.T (or, in later PyTorch, raises)."""
+    if uses_dot_T(line_that_raised(error)) or re.search(r"`?x\.T`? on tensors", str(error)):
+        return _DOT_T_HINT
+    return (
+        "the error comes from inside your function: check each step's shapes against q (..., T_q, d_k), "
+        "k (..., T_k, d_k), v (..., T_k, d_v) and mask (T_q, T_k), broadcast over the leading axes."
+    )
+
+
 @checker
 def check_attention(c: Checker, attention: Callable[..., tuple[Tensor, Tensor]]) -> None:
     """Check ``attention(q, k, v, mask=None) -> (out, weights)``, scaled dot-product attention.
@@ -71,18 +86,14 @@ def check_attention(c: Checker, attention: Callable[..., tuple[Tensor, Tensor]])
         k = torch.randn(*lead, T_k, d_k, generator=g)
         v = torch.randn(*lead, T_k, d_v, generator=g)
         expected = scaled_dot_product_attention(q, k, v, mask)
-        answer = (
-            (lambda q=q, k=k, v=v, m=mask: attention(q, k, v, mask=m))
-            if mask is not None
-            else (lambda q=q, k=k, v=v: attention(q, k, v))
-        )
         c.case(
             name,
-            answer,
+            lambda q, k, v, mask=None: attention(q, k, v) if mask is None else attention(q, k, v, mask=mask),
             expected,
             bugs=_attention_bugs(q, k, v, mask),
             hint="return (weights @ v, weights) with weights = softmax(q @ k.transpose(-2, -1) / sqrt(d_k), dim=-1).",
-            error_hint="use k.transpose(-2, -1) (not k.T) so that batch and head axes stay in front.",
+            error_hint=_attention_error_hint,
+            inputs={"q": q, "k": k, "v": v} | ({} if mask is None else {"mask": mask}),
         )
 
 
@@ -95,29 +106,33 @@ def check_softmax(c: Checker, softmax: Callable[[Tensor, float], Tensor]) -> Non
     x = torch.tensor([[1.0, 2.0, 3.0], [0.5, 0.5, -1.0]])
     c.case(
         "temperature 1",
-        lambda: softmax(x, 1.0),
+        lambda scores: softmax(scores, 1.0),
         torch.softmax(x, -1),
         bugs=(Bug(lambda: torch.softmax(x, 0), "normalize over the last axis (dim=-1): each row must sum to 1."),),
         hint="exp(x) / exp(x).sum(dim=-1, keepdim=True).",
+        inputs={"scores": x},
     )
     c.case(
         "temperature 0.5 sharpens",
-        lambda: softmax(x, 0.5),
+        lambda scores: softmax(scores, 0.5),
         torch.softmax(x / 0.5, -1),
         bugs=(Bug(lambda: torch.softmax(x * 0.5, -1), "divide the scores by the temperature, don't multiply."),),
         hint="divide the scores by the temperature before the exponential.",
+        inputs={"scores": x},
     )
     c.case(
         "temperature 10 flattens",
-        lambda: softmax(x, 10.0),
+        lambda scores: softmax(scores, 10.0),
         torch.softmax(x / 10.0, -1),
         hint="divide the scores by the temperature before the exponential.",
+        inputs={"scores": x},
     )
     big = torch.tensor([[1000.0, 1001.0, 1002.0]])
     c.case(
         "large scores (1000, 1001, 1002) do not overflow",
-        lambda: softmax(big, 1.0),
+        lambda scores: softmax(scores, 1.0),
         torch.softmax(big, -1),
         hint="exp(1000) overflows to inf and inf/inf is NaN: subtract the row's maximum first "
         "(softmax is unchanged by adding a constant to every score).",
+        inputs={"scores": big},
     )

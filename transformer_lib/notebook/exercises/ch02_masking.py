@@ -29,11 +29,12 @@ def check_causal_mask(c: Checker, make_mask: Callable[[int], Tensor]) -> None:
                     "this mask lets each position see the future and hides the past: True means 'may attend', "
                     "so keep the lower triangle (torch.tril).",
                 ),
-                Bug(lambda e=expected: ~e, "the polarity is inverted: True must mean 'may attend'."),
-                Bug(
+                Bug(  # before the polarity: for T=1 the masked diagonal is all of ~expected
                     lambda ones=ones: torch.tril(ones, diagonal=-1),
-                    "the diagonal is missing: a position may attend to itself.",
+                    "the diagonal is masked: a position must be allowed to attend to itself; "
+                    "use torch.tril(...) with diagonal=0.",
                 ),
+                Bug(lambda e=expected: ~e, "the polarity is inverted: True must mean 'may attend'."),
             ),
             hint="torch.tril(torch.ones(T, T, dtype=torch.bool)).",
         )
@@ -49,7 +50,7 @@ def check_padding_mask(c: Checker, make_mask: Callable[[Tensor, int], Tensor]) -
         expected = padding_mask(tokens, pad_id)
         c.case(
             f"pad_id={pad_id}, batch of {tokens.shape[0]}",
-            lambda t=tokens, p=pad_id: make_mask(t, p),
+            lambda tokens, pad_id: make_mask(tokens, pad_id),
             expected,
             bugs=(
                 Bug(
@@ -63,6 +64,7 @@ def check_padding_mask(c: Checker, make_mask: Callable[[Tensor, int], Tensor]) -
                 ),
             ),
             hint="(tokens != pad_id)[:, None, None, :].",
+            inputs={"tokens": tokens, "pad_id": pad_id},
         )
 
 

@@ -24,6 +24,19 @@ def _split_seq_first_bug(x: Tensor, n_heads: int) -> Tensor:
     return x.reshape(T, B * n_heads, d_model // n_heads).transpose(0, 1).reshape(B, n_heads, T, d_model // n_heads)
 
 
+def _split_flattened_bug(x: Tensor, n_heads: int) -> Tensor:
+    # x.view(B * n_heads, T, d_head), or reshape(-1, T, d_head): the batch flattened into the heads, and
+    # each (T, d_model) block cut into n_heads pieces along the sequence instead of the features.
+    B, T, d_model = x.shape
+    return x.reshape(B * n_heads, T, d_model // n_heads)
+
+
+_FLATTENED_HINT = (
+    "you flattened the batch into the heads: x.view(B * n_heads, T, d_head) (or reshape(-1, T, d_head)) "
+    "mixes examples and cuts each sequence along the positions, not the features. Keep B and n_heads as "
+    "their own axes: x.view(B, T, n_heads, d_head).transpose(1, 2), shape (B, n_heads, T, d_head)."
+)
+
 _BATCH_HINT = (
     "right for a batch of one, wrong beyond: the batch axis got mixed into the head split. "
     "Keep B as its own axis: x.view(B, T, n_heads, d_head).transpose(1, 2)."
@@ -38,10 +51,11 @@ def check_split_heads(c: Checker, split_heads: Callable[[Tensor, int], Tensor]) 
         x = torch.randn(B, T, d_model, generator=g)
         c.case(
             f"B={B}, T={T}, d_model={d_model}, n_heads={n_heads}",
-            lambda x=x, h=n_heads: split_heads(x, h),
+            lambda x, n_heads: split_heads(x, n_heads),
             _split_batch_first(x, n_heads),
             bugs=(
                 Bug(lambda x=x, h=n_heads: _split_seq_first_bug(x, h), _BATCH_HINT),
+                Bug(lambda x=x, h=n_heads: _split_flattened_bug(x, h), _FLATTENED_HINT),
                 Bug(
                     lambda x=x, h=n_heads: x.reshape(x.shape[0], h, x.shape[1], -1),
                     "right shape, wrong values: reshaping straight to (B, n_heads, T, d_head) cuts the sequence, "
@@ -49,7 +63,18 @@ def check_split_heads(c: Checker, split_heads: Callable[[Tensor, int], Tensor]) 
                 ),
             ),
             hint="x.view(B, T, n_heads, d_head).transpose(1, 2).",
+            inputs={"x": x, "n_heads": n_heads},
         )
+
+
+def _query_length_hint(error: Exception) -> str:
+    """For an error only with more keys than queries: the query's length used for the keys' view or reshape."""
+    if "is invalid for input of size" in str(error) or "must match the size" in str(error):
+        return (
+            "this fails when there are more keys than queries: do you reshape k and v with the query's "
+            "length? Use key.shape[1] (T_k) for them."
+        )
+    return ""
 
 
 @checker
@@ -81,7 +106,7 @@ def check_multi_head_attention(c: Checker, mha_forward: Callable[..., Tensor]) -
         with torch.no_grad():
             c.case(
                 name,
-                lambda mha=mha, query=query, key=key: mha_forward(mha, query, key, key),
+                lambda mha, query, key, value: mha_forward(mha, query, key, value),
                 mha(query, key, key),
                 bugs=(
                     Bug(lambda v=variant: v(split=_split_seq_first_bug), _BATCH_HINT),
@@ -91,11 +116,11 @@ def check_multi_head_attention(c: Checker, mha_forward: Callable[..., Tensor]) -
                         "merging heads needs transpose(1, 2) before the reshape to (B, T, d_model); "
                         "a plain reshape interleaves positions and heads.",
                     ),
+                    Bug(lambda v=variant: v(split=_split_flattened_bug, transpose_back=False), _FLATTENED_HINT),
+                    Bug(lambda v=variant: v(split=_split_flattened_bug), _FLATTENED_HINT),
                 ),
                 hint="project with mha.q_proj/k_proj/v_proj, split into heads, attend with scale 1/sqrt(d_head), "
                 "merge heads (transpose(1, 2) then reshape), then mha.out_proj.",
-                error_hint=""
-                if T_q == T_k
-                else "this fails when there are more keys than queries: do you reshape k and v with the query's "
-                "length? Use key.shape[1] (T_k) for them.",
+                error_hint="" if T_q == T_k else _query_length_hint,
+                inputs={"mha": mha, "query": query, "key": key, "value": key},
             )

@@ -54,8 +54,15 @@ def check_sinusoidal_encoding(c: Checker, encoding: Callable[[int, int], Tensor]
                 ),
                 Bug(
                     lambda n=max_len, d=d_model: v(n, d, concat=True),
-                    "you concatenate all the sines, then all the cosines; the encoding interleaves them: "
-                    "dimension 2i is a sine and dimension 2i+1 the cosine of the same angle.",
+                    "sin and cos in halves: the sines fill the first d_model/2 columns and the cosines the last "
+                    "d_model/2 (pe[:, :d_model//2] = sin, pe[:, d_model//2:] = cos, or torch.cat([sin, cos], -1)); "
+                    "the encoding interleaves them: dimension 2i is a sine and dimension 2i+1 the cosine of the "
+                    "same angle, pe[:, 0::2] = sin and pe[:, 1::2] = cos.",
+                ),
+                Bug(
+                    lambda n=max_len, d=d_model: v(n, d, concat=True, swap=True),
+                    "cos and sin in halves: the cosines fill the first d_model/2 columns and the sines the last; "
+                    "the encoding interleaves them, the sine first: pe[:, 0::2] = sin and pe[:, 1::2] = cos.",
                 ),
                 Bug(
                     lambda n=max_len, d=d_model: v(n, d, exponent="i/d"),
@@ -129,7 +136,7 @@ def check_rope(c: Checker, rope: Callable[[Tensor, int], Tensor]) -> None:
         expected = RotaryEmbedding(shape[-1], max_len=64)(x, offset)
         c.case(
             name,
-            lambda x=x, o=offset: rope(x.clone(), o),
+            lambda x, offset: rope(x, offset),
             expected,
             bugs=(
                 Bug(
@@ -155,4 +162,5 @@ def check_rope(c: Checker, rope: Callable[[Tensor, int], Tensor]) -> None:
             ),
             hint="theta_i = 10000 ** (-2i / d_head); angle = (offset + t) * theta_i; with x1, x2 = x[..., 0::2], "
             "x[..., 1::2], the result interleaves x1 cos - x2 sin and x1 sin + x2 cos.",
+            inputs={"x": x, "offset": offset},
         )

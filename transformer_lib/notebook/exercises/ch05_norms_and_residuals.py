@@ -15,6 +15,13 @@ from ._framework import Bug, Checker, checker
 __all__ = ["check_layer_norm", "check_rms_norm", "check_pre_ln_block"]
 
 
+_OVER_THE_BATCH_HINT = (
+    "you normalize over the batch axis (x.mean(dim=0), x.var(dim=0)): those are BatchNorm's statistics, "
+    "shared by the examples of a batch. LayerNorm normalizes each position over its own features, the last "
+    "axis: x.mean(dim=-1, keepdim=True) and x.var(dim=-1, keepdim=True, unbiased=False)."
+)
+
+
 @checker
 def check_layer_norm(c: Checker, layer_norm: Callable[..., Tensor]) -> None:
     """Check ``layer_norm(x, weight, bias, eps=1e-5)`` against ``F.layer_norm`` over the last axis.
@@ -41,9 +48,12 @@ def check_layer_norm(c: Checker, layer_norm: Callable[..., Tensor]) -> None:
         def unbiased_eps_outside(x=x, w=w, b=b, mean=mean):
             return (x - mean) / (x.std(-1, keepdim=True) + 1e-5) * w + b
 
+        def over_the_batch(x=x, w=w, b=b, unbiased=False):  # x.mean(dim=0): BatchNorm's statistics
+            return (x - x.mean(0)) / torch.sqrt(x.var(0, unbiased=unbiased) + 1e-5) * w + b
+
         c.case(
             name,
-            lambda x=x, w=w, b=b: layer_norm(x, w, b, eps=1e-5),
+            lambda x, weight, bias: layer_norm(x, weight, bias, eps=1e-5),
             F.layer_norm(x, (d,), w, b, 1e-5),
             bugs=(
                 Bug(
@@ -65,8 +75,11 @@ def check_layer_norm(c: Checker, layer_norm: Callable[..., Tensor]) -> None:
                     lambda x=x: F.layer_norm(x, x.shape[-1:], eps=1e-5),
                     "apply the learned weight and bias: normalized * weight + bias.",
                 ),
+                Bug(over_the_batch, _OVER_THE_BATCH_HINT),
+                Bug(lambda f=over_the_batch: f(unbiased=True), _OVER_THE_BATCH_HINT),
             ),
             hint="normalize each position over its last axis: (x - mean) / sqrt(var + eps) * weight + bias.",
+            inputs={"x": x, "weight": w, "bias": b},
         )
 
 
@@ -89,7 +102,7 @@ def check_rms_norm(c: Checker, rms_norm: Callable[..., Tensor]) -> None:
         ms = x.pow(2).mean(-1, keepdim=True)  # (..., 1) mean square
         c.case(
             name,
-            lambda x=x, w=w: rms_norm(x, w, eps=eps),
+            lambda x, weight: rms_norm(x, weight, eps=eps),
             F.rms_norm(x, (d,), w, eps),
             bugs=(
                 Bug(
@@ -117,6 +130,7 @@ def check_rms_norm(c: Checker, rms_norm: Callable[..., Tensor]) -> None:
                 ),
             ),
             hint="x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps) * weight.",
+            inputs={"x": x, "weight": w},
         )
 
 
@@ -160,9 +174,10 @@ def check_pre_ln_block(c: Checker, block: Callable[..., Tensor]) -> None:
             )
             c.case(
                 name,
-                lambda x=x, sublayer=sublayer, norm=norm: block(x, sublayer, norm),
+                lambda x, sublayer, norm: block(x, sublayer, norm),
                 expected,
                 bugs=bugs,
                 hint="return x + sublayer(norm(x)).",
                 atol=1e-4,
+                inputs={"x": x, "sublayer": sublayer, "norm": norm},
             )

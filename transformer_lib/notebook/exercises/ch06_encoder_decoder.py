@@ -61,10 +61,11 @@ def check_shift_right(c: Checker, shift_right: Callable[[Tensor], tuple[Tensor, 
         )
         c.case(
             name,
-            lambda tgt=tgt: shift_right(tgt.clone()),
+            lambda tgt: shift_right(tgt),
             (tgt[:, :-1], tgt[:, 1:]),
             bugs=bugs,
             hint="return tgt[:, :-1], tgt[:, 1:].",
+            inputs={"tgt": tgt},
         )
 
 
@@ -154,13 +155,14 @@ def check_decoder_layer(c: Checker, decoder_layer: Callable[..., Tensor]) -> Non
                 )
             c.case(
                 name,
-                lambda a=args: decoder_layer(*a),
+                lambda layer, x, memory, memory_mask: decoder_layer(layer, x, memory, memory_mask),
                 expected,
                 bugs=tuple(bugs),
                 hint="three residual blocks in order: causal self-attention on x, cross-attention from x to "
                 "memory (with memory_mask), the feed-forward network; each with its norm, placed as "
                 "layer.norm_first says.",
                 atol=1e-4,
+                inputs={"layer": layer, "x": x, "memory": memory, "memory_mask": memory_mask},
             )
     layer = DecoderLayer(16, 4, 32, dropout=0.0).eval()
     x, memory = torch.randn(2, 6, 16), torch.randn(2, 7, 16)
@@ -170,11 +172,12 @@ def check_decoder_layer(c: Checker, decoder_layer: Callable[..., Tensor]) -> Non
         expected = layer(x, memory, tgt_is_causal=True)[:, :-1]
         c.case(
             "leak check: changing the last target position leaves the earlier outputs unchanged",
-            lambda: decoder_layer(layer, changed, memory, None)[:, :-1],
+            lambda layer, x, memory, memory_mask: decoder_layer(layer, x, memory, memory_mask)[:, :-1],
             expected,
             hint="an earlier position's output changed when a later target token changed: the decoder can see "
             "the future. Use a causal mask in the self-attention.",
             atol=1e-4,
+            inputs={"layer": layer, "x": changed, "memory": memory, "memory_mask": None},
         )
 
 
@@ -196,7 +199,7 @@ def check_label_smoothing(c: Checker, smooth: Callable[[Tensor, int, float], Ten
         name = f"{len(targets)} targets, vocab_size={V}, eps={eps}" + (" (no smoothing: one-hot)" if eps == 0 else "")
         c.case(
             name,
-            lambda t=targets, V=V, eps=eps: smooth(t.clone(), V, eps),
+            lambda targets, vocab_size, eps: smooth(targets, vocab_size, eps),
             (1 - eps) * one_hot + eps / V,
             bugs=(
                 Bug(
@@ -218,4 +221,5 @@ def check_label_smoothing(c: Checker, smooth: Callable[[Tensor, int, float], Ten
                 ),
             ),
             hint="(1 - eps) * F.one_hot(targets, vocab_size) + eps / vocab_size, as a float tensor.",
+            inputs={"targets": targets, "vocab_size": V, "eps": eps},
         )

@@ -13,6 +13,13 @@ from ._framework import Bug, Checker, checker
 __all__ = ["check_top_k_filter", "check_top_p_filter"]
 
 
+def _k_beyond_the_vocabulary_hint(error: Exception) -> str:
+    """The min(k, V) hint only for the error topk raises when k exceeds the vocabulary."""
+    if "out of range" in str(error):
+        return "k may be larger than the vocabulary: use min(k, logits.shape[-1])."
+    return ""
+
+
 @checker
 def check_top_k_filter(c: Checker, top_k_filter: Callable[[Tensor, int], Tensor]) -> None:
     """Check ``top_k_filter(logits, k)``: keep the ``k`` largest logits of each row, set the rest to -inf.
@@ -30,7 +37,7 @@ def check_top_k_filter(c: Checker, top_k_filter: Callable[[Tensor, int], Tensor]
         kth = logits.topk(min(k, logits.shape[-1]), dim=-1).values[..., -1:]
         c.case(
             name,
-            lambda logits=logits, k=k: top_k_filter(logits.clone(), k),
+            lambda logits, k: top_k_filter(logits, k),
             sampling.top_k_filter(logits, k),
             bugs=(
                 Bug(
@@ -49,7 +56,8 @@ def check_top_k_filter(c: Checker, top_k_filter: Callable[[Tensor, int], Tensor]
                 ),
             ),
             hint="kth = logits.topk(k, dim=-1).values[..., -1:]; logits.masked_fill(logits < kth, float('-inf')).",
-            error_hint="k may be larger than the vocabulary: use min(k, logits.shape[-1]).",
+            error_hint=_k_beyond_the_vocabulary_hint,
+            inputs={"logits": logits, "k": k},
         )
 
 
@@ -81,7 +89,7 @@ def check_top_p_filter(c: Checker, top_p_filter: Callable[[Tensor, float], Tenso
     for name, logits, p in cases:
         c.case(
             name,
-            lambda logits=logits, p=p: top_p_filter(logits.clone(), p),
+            lambda logits, p: top_p_filter(logits, p),
             sampling.top_p_filter(logits, p),
             bugs=(
                 Bug(
@@ -97,4 +105,5 @@ def check_top_p_filter(c: Checker, top_p_filter: Callable[[Tensor, float], Tenso
             ),
             hint="sort descending, cumulative probabilities, drop a token when the mass ranked above it is >= p, "
             "then scatter the drop mask back to vocabulary order.",
+            inputs={"logits": logits, "p": p},
         )
