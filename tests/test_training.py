@@ -1,12 +1,27 @@
+import dataclasses
+import io
+import math
+import os
+import re
 import sys
+from contextlib import nullcontext
 
+import numpy as np
 import pytest
 import torch
 
 from transformer_lib import GPT, GPTConfig, training
 from transformer_lib.notebook.plots import plot_history
 from transformer_lib.text import random_blocks
-from transformer_lib.training import TrainConfig, Trainer, autocast_dtype, lr_at, make_optimizer
+from transformer_lib.training import (
+    NonFiniteLossError,
+    TrainConfig,
+    Trainer,
+    autocast_dtype,
+    default_loss,
+    lr_at,
+    make_optimizer,
+)
 
 DATA = torch.arange(400) % 7  # a periodic "text": easy to learn
 
@@ -20,11 +35,10 @@ def tiny_gpt(seed=0, **kw):
     return GPT(GPTConfig(vocab_size=7, block_size=16, n_layers=1, n_heads=2, d_model=16, dropout=0.1, **kw))
 
 
-def trainer(model, steps=20, **kw):
-    cfg = TrainConfig(
-        max_steps=steps, lr=3e-3, warmup_steps=5, eval_interval=10, eval_steps=2, log_interval=5, progress=False, **kw
-    )
-    return Trainer(model, cfg, batches, batches, device="cpu", count=lambda b: b[0].numel())
+def trainer(model, steps=20, loss_fn=default_loss, **kw):
+    settings = dict(max_steps=steps, lr=3e-3, warmup_steps=5, eval_interval=10, eval_steps=2, log_interval=5)
+    cfg = TrainConfig(**{**settings, "progress": False, **kw})
+    return Trainer(model, cfg, batches, batches, loss_fn=loss_fn, device="cpu", count=lambda b: b[0].numel())
 
 
 def test_learning_rate_schedule():
@@ -78,8 +92,12 @@ def test_interrupted_save_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
     good = path.read_bytes()
     t.fit()
 
-    def crash(obj, f, *a, **k):
-        with open(f, "wb") as fh:
+    real_save = torch.save
+
+    def crash(obj, f, *a, **k):  # interrupted halfway through writing the file
+        if isinstance(f, io.BytesIO):
+            return real_save(obj, f, *a, **k)
+        with open(f, "wb") if isinstance(f, (str, os.PathLike)) else nullcontext(f) as fh:
             fh.write(b"half a checkpoint")
         raise KeyboardInterrupt
 
@@ -87,6 +105,7 @@ def test_interrupted_save_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         t.save(path)
     assert path.read_bytes() == good
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.pt"]  # no temporary file left behind
     monkeypatch.undo()
     fresh = trainer(tiny_gpt(), steps=10)
     fresh.load(path)
@@ -100,6 +119,7 @@ def test_checkpoint_for_another_config_is_rejected(tmp_path):
     other = trainer(tiny_gpt(norm="rmsnorm"), steps=4)
     with pytest.raises(ValueError, match=r"different model config; differing fields: \['norm', 'norm_eps'\]"):
         other.load(tmp_path / "ckpt.pt")
+    assert other.step == 0  # and nothing was loaded
 
 
 def test_no_host_sync_between_log_intervals(monkeypatch):
@@ -112,18 +132,10 @@ def test_no_host_sync_between_log_intervals(monkeypatch):
         return item(self)
 
     monkeypatch.setattr(torch.Tensor, "item", counting_item)
-    t = trainer(tiny_gpt(), steps=20)
-    t.config.eval_interval = 1000
+    t = trainer(tiny_gpt(), steps=20, eval_interval=1000)
     t.fit()
     # one .item() per log interval (4) and one per evaluation (at step 0 and at the end)
     assert len(calls) == 4 + 2, len(calls)
-
-
-def _not_rejected_yet(**kw):
-    return pytest.param(
-        kw,
-        marks=pytest.mark.xfail(strict=True, raises=pytest.fail.Exception, reason="issue 11: TrainConfig accepts it"),
-    )
 
 
 @pytest.mark.parametrize(
@@ -131,26 +143,70 @@ def _not_rejected_yet(**kw):
     [
         {"max_steps": 0},
         {"max_steps": -5},
+        {"max_steps": 2.5},
+        {"max_steps": True},
         {"eval_interval": 0},
         {"log_interval": 0},
+        {"log_interval": 10.0},
         {"warmup_steps": -1},
         {"lr": 0.0},
         {"lr": -1e-3},
+        {"lr": "1e-3"},
         {"min_lr": -1e-5},
-        _not_rejected_yet(lr=float("nan")),
-        _not_rejected_yet(lr=float("inf")),
-        _not_rejected_yet(min_lr=1e-2),  # above lr=1e-3: the "decay" would climb
-        _not_rejected_yet(eval_steps=0),
-        _not_rejected_yet(weight_decay=-0.1),
-        _not_rejected_yet(betas=(0.9, 1.0)),
-        _not_rejected_yet(grad_clip=0.0),
+        {"lr": float("nan")},
+        {"lr": float("inf")},
+        {"min_lr": float("nan")},
+        {"min_lr": 1e-2},  # above lr=1e-3: the "decay" would climb
+        {"eval_steps": 0},
+        {"weight_decay": -0.1},
+        {"weight_decay": float("inf")},
+        {"betas": (0.9, 1.0)},
+        {"betas": (-0.1, 0.9)},
+        {"betas": (0.9,)},
+        {"betas": (float("nan"), 0.9)},
+        {"grad_clip": 0.0},
+        {"grad_clip": -1.0},
+        {"grad_clip": float("nan")},
+        {"grad_clip": float("inf")},
+        {"seed": 1.5},
+        {"seed": 2**64},
+        {"amp": "yes"},
+        {"progress": 1},
     ],
     ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()),
 )
 def test_bad_config_is_rejected_naming_the_field(bad):
     (field,) = bad
-    with pytest.raises(ValueError, match=rf"\b{field}\b"):
+    with pytest.raises(ValueError, match=rf"\b{field}\b must be .*got {re.escape(repr(bad[field]))}"):
         TrainConfig(**bad)
+
+
+def test_config_error_says_what_is_allowed_and_lists_every_problem():
+    with pytest.raises(ValueError) as info:
+        TrainConfig(grad_clip=-1, eval_steps=0)
+    message = str(info.value)
+    assert "grad_clip must be a finite number > 0 (the largest gradient norm), or None for no clipping, got -1" in (
+        message
+    )
+    assert "eval_steps must be an integer >= 1, got 0" in message
+
+
+def test_config_is_frozen_and_normalised():
+    cfg = TrainConfig(max_steps=np.int64(10), lr=1, betas=[0.8, 0.9], grad_clip=2)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.eval_interval = 1000
+    assert type(cfg.max_steps) is int and type(cfg.lr) is float and cfg.betas == (0.8, 0.9)
+    assert type(cfg.grad_clip) is float
+    assert dataclasses.replace(cfg, lr=0.5).lr == 0.5
+    with pytest.raises(ValueError, match="lr"):
+        dataclasses.replace(cfg, lr=-0.5)  # replace validates too
+
+
+def test_warmup_longer_than_the_run_is_allowed():
+    """The run then ends during the warm-up: shortening a run by max_steps alone stays valid."""
+    cfg = TrainConfig(max_steps=3, warmup_steps=100)
+    rates = [lr_at(s, cfg.lr, cfg.min_lr, cfg.warmup_steps, cfg.max_steps) for s in range(cfg.max_steps)]
+    assert rates == pytest.approx([cfg.lr * (s + 1) / 100 for s in range(3)])
 
 
 def test_good_config_is_accepted():
@@ -170,6 +226,79 @@ def test_callback_runs_after_every_evaluation_in_eval_mode():
     assert all(not training and not grad for _, training, grad, _ in seen)
     assert [v for *_, v in seen] == t.history.val_loss
     assert t.model.training  # back to training mode after the callback
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_fit_trains_in_train_mode_and_restores_the_callers_mode(training):
+    modes = []
+
+    def loss_fn(model, batch):
+        if torch.is_grad_enabled():  # a training step, not an evaluation
+            modes.append(model.training)
+        return default_loss(model, batch)
+
+    t = trainer(tiny_gpt(), steps=4, loss_fn=loss_fn)
+    t.model.train(training)
+    t.fit()
+    assert modes == [True] * 4
+    assert t.model.training is training
+
+
+def turns_bad_at(step, make_bad):
+    """A loss_fn that applies ``make_bad(loss, model)`` at training step ``step`` (evaluations are left alone)."""
+    calls = []
+
+    def loss_fn(model, batch):
+        loss = default_loss(model, batch)
+        if not torch.is_grad_enabled():
+            return loss
+        calls.append(1)
+        return make_bad(loss, model) if len(calls) - 1 == step else loss
+
+    return loss_fn
+
+
+def nan_gradient(loss, model):
+    """The same, finite loss, but a NaN gradient: sqrt'(0) = inf, times 0."""
+    weight = next(model.parameters())
+    return loss + torch.sqrt(0 * weight.sum())
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_a_non_finite_loss_stops_training_naming_the_step(value):
+    t = trainer(tiny_gpt(), steps=20, loss_fn=turns_bad_at(3, lambda loss, model: loss * value))
+    t.model.eval()
+    with pytest.raises(NonFiniteLossError, match=r"the training loss is not finite \(NaN or inf\) at step 3 ") as info:
+        t.fit()
+    message = str(info.value)
+    for advice in ("lower learning rate", "grad_clip", "inputs", "amp=False"):
+        assert advice in message
+    assert isinstance(info.value, FloatingPointError)
+    assert t.step == 5  # found at the next log interval (log_interval=5), where the loop syncs anyway
+    assert not t.model.training  # the caller's mode, even on the way out with an error
+
+
+def test_a_non_finite_gradient_stops_training_naming_the_step():
+    t = trainer(tiny_gpt(), steps=20, loss_fn=turns_bad_at(3, nan_gradient))
+    with pytest.raises(NonFiniteLossError, match=r"gradient norm is not finite \(NaN or inf\) at step 3, while"):
+        t.fit()
+
+
+def test_with_the_fp16_scaler_a_non_finite_gradient_is_skipped_not_an_error():
+    t = trainer(tiny_gpt(), steps=20, loss_fn=turns_bad_at(3, nan_gradient))
+    t.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)  # as on CUDA in fp16, where it skips such steps
+    h = t.fit()
+    assert t.step == 20 and all(math.isfinite(v) for v in h.train_loss + h.val_loss)
+    assert all(torch.isfinite(p).all() for p in t.model.parameters())
+    assert t.scaler.get_scale() == 2.0**7  # the one bad step lowered the scale
+
+
+def test_with_the_fp16_scaler_a_non_finite_loss_is_still_an_error():
+    t = trainer(tiny_gpt(), steps=20, loss_fn=turns_bad_at(7, lambda loss, model: loss * float("nan")))
+    t.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)
+    with pytest.raises(NonFiniteLossError, match="loss is not finite .* at step 7 "):
+        t.fit()
+    assert t.step == 10
 
 
 def test_autocast_dtype_follows_the_hardware(monkeypatch):
