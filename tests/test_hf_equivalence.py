@@ -2,7 +2,8 @@
 RMSNorm eps 1e-5) and BERT, after copying randomly initialised weights with the mappings written here.
 
 Logits, greedy generation (with and without the KV cache) and left-padded batched generation
-are compared. The mappings are the documentation of how a real checkpoint loads.
+are compared. The GPT-2 and LLaMA mappings written here document how such a checkpoint loads; BERT goes through the
+library's own mapping, the one that loads the real MiniLM.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from torch import Tensor
 
 from conftest import importorskip_unless_ci
 from transformer_lib import GPT, EncoderOnlyTransformer, GPTConfig
+from transformer_lib.pretrained import _bert_to_ours
 
 transformers = importorskip_unless_ci("transformers")
 
@@ -275,29 +277,8 @@ def test_bert_equals_hugging_face():
     ours = EncoderOnlyTransformer(
         VOCAB, max_len=BLOCK, d_model=d_model, n_heads=n_heads, n_layers=n_layers, d_ff=64, activation="gelu", eps=1e-12
     ).eval()
-    sd = hf.state_dict()
-    mine = {
-        "word_embed.weight": sd["embeddings.word_embeddings.weight"],
-        "pos.weight": sd["embeddings.position_embeddings.weight"],
-        "type_embed.weight": sd["embeddings.token_type_embeddings.weight"],
-        "embed_norm.weight": sd["embeddings.LayerNorm.weight"],
-        "embed_norm.bias": sd["embeddings.LayerNorm.bias"],
-    }
-    names = {
-        "attention.self.query": "self_attn.q_proj",
-        "attention.self.key": "self_attn.k_proj",
-        "attention.self.value": "self_attn.v_proj",
-        "attention.output.dense": "self_attn.out_proj",
-        "attention.output.LayerNorm": "norm1",
-        "intermediate.dense": "ff.linear1",
-        "output.dense": "ff.linear2",
-        "output.LayerNorm": "norm2",
-    }
-    for i in range(n_layers):
-        for theirs, mine_name in names.items():
-            for p in ("weight", "bias"):
-                mine[f"layers.{i}.{mine_name}.{p}"] = sd[f"encoder.layer.{i}.{theirs}.{p}"]
-    ours.load_state_dict(mine, strict=True)
+    # The mapping load_minilm uses for the real checkpoint (transformer_lib.pretrained._bert_to_ours).
+    ours.load_state_dict(_bert_to_ours(hf.state_dict(), n_layers), strict=True)
     input_ids = torch.randint(VOCAB, (2, 11))
     attention_mask = torch.ones_like(input_ids)
     attention_mask[1, 7:] = 0  # right padding, as BERT tokenizers pad

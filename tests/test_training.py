@@ -188,7 +188,7 @@ def test_config_error_says_what_is_allowed_and_lists_every_problem():
     assert "grad_clip must be a finite number > 0 (the largest gradient norm), or None for no clipping, got -1" in (
         message
     )
-    assert "eval_steps must be an integer >= 1, got 0" in message
+    assert "eval_steps must be a positive int, got 0" in message
 
 
 def test_config_is_frozen_and_normalised():

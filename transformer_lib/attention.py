@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._validate import _validate_mask, _validate_tensor
+from ._validate import _validate_int, _validate_mask, _validate_real, _validate_tensor
 from .masks import causal_mask
 from .precision import fused_attention
 
@@ -144,15 +144,13 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         for name, value in (("d_model", d_model), ("n_heads", n_heads), ("n_kv_heads", n_kv_heads)):
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+            _validate_int(name, value)
         if d_model % n_heads != 0:
             raise ValueError(
                 f"d_model ({d_model}) must be divisible by n_heads ({n_heads}); "
                 f"d_model / n_heads = {d_model / n_heads:g} is not an integer"
             )
-        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be a probability in [0, 1), got {dropout!r}")
+        _validate_real("dropout", dropout, "a probability in [0, 1)", lambda p: 0.0 <= p < 1.0)
         if n_heads % n_kv_heads != 0:
             raise ValueError(
                 f"n_heads ({n_heads}) must be a multiple of n_kv_heads ({n_kv_heads}): "

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._validate import _validate_token_ids
+from ._validate import _validate_int, _validate_token_ids
 from .attention import KVCache
 from .models import Seq2SeqTransformer
 from .utils import eval_mode
@@ -25,8 +25,7 @@ def _validate_decoding(model: Seq2SeqTransformer, src: Tensor, max_len: int, **s
     _validate_token_ids("src", src, model.src_vocab_size, model.max_len)
     if src.shape[0] == 0:
         raise ValueError("src is an empty batch (B = 0): there is nothing to decode")
-    if not isinstance(max_len, int) or isinstance(max_len, bool) or max_len < 1:
-        raise ValueError(f"max_len must be a positive int, got {max_len!r}")
+    _validate_int("max_len", max_len)
     if max_len > model.max_len:
         raise ValueError(
             f"max_len={max_len}: decoding that many tokens feeds the decoder up to {max_len} positions, "
@@ -108,8 +107,7 @@ def beam_search(
     """
     pad_id = model.pad_id if pad_id is None else pad_id
     _validate_decoding(model, src, max_len, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
-    if not isinstance(beam_size, int) or isinstance(beam_size, bool) or beam_size < 1:
-        raise ValueError(f"beam_size must be a positive int, got {beam_size!r}")
+    _validate_int("beam_size", beam_size)
     with eval_mode(model):
         return _beam(model, src, max_len, bos_id, eos_id, pad_id, beam_size, length_penalty)
 

@@ -13,7 +13,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._validate import _validate_attention_mask, _validate_tensor, _validate_token_ids
+from ._validate import (
+    _validate_attention_mask,
+    _validate_int,
+    _validate_real,
+    _validate_tensor,
+    _validate_token_ids,
+)
 from .attention import KVCache
 from .layers import ACTIVATIONS, DecoderLayer, DecoderOnlyLayer, EncoderLayer, run_layers
 from .masks import padding_mask
@@ -208,13 +214,8 @@ class GPTConfig:
     fused_norms: bool = True  # the norms' fused PyTorch kernels (same numbers as the written-out ones, faster)
 
     def __post_init__(self) -> None:
-        def positive_int(name: str) -> None:
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"GPTConfig.{name} must be a positive int, got {value!r}")
-
         for name in ("vocab_size", "block_size", "n_layers", "n_heads", "d_model"):
-            positive_int(name)
+            _validate_int(f"GPTConfig.{name}", getattr(self, name))
         if self.n_kv_heads is None:
             object.__setattr__(self, "n_kv_heads", self.n_heads)
         if self.d_ff is None:
@@ -223,8 +224,8 @@ class GPTConfig:
             )
         if self.norm_eps is None:
             object.__setattr__(self, "norm_eps", 1e-6 if self.norm == "rmsnorm" else 1e-5)
-        positive_int("n_kv_heads")
-        positive_int("d_ff")
+        _validate_int("GPTConfig.n_kv_heads", self.n_kv_heads)
+        _validate_int("GPTConfig.d_ff", self.d_ff)
         if self.d_model % self.n_heads:
             raise ValueError(f"GPTConfig.d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
         if self.n_heads % self.n_kv_heads:
@@ -237,15 +238,9 @@ class GPTConfig:
             raise ValueError(f"GPTConfig.activation must be one of {ACTIVATIONS}, got {self.activation!r}")
         if self.norm not in NORMS:
             raise ValueError(f"GPTConfig.norm must be one of {NORMS}, got {self.norm!r}")
-        for name in ("dropout", "rope_base", "norm_eps"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise ValueError(f"GPTConfig.{name} must be a finite number, got {value!r}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"GPTConfig.dropout must be in [0, 1), got {self.dropout!r}")
+        _validate_real("GPTConfig.dropout", self.dropout, "a probability in [0, 1)", lambda p: 0.0 <= p < 1.0)
         for name in ("rope_base", "norm_eps"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"GPTConfig.{name} must be > 0, got {getattr(self, name)!r}")
+            _validate_real(f"GPTConfig.{name}", getattr(self, name), "a finite number > 0", lambda x: x > 0)
         for name in ("bias", "norm_first", "tie_weights", "fused_norms"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"GPTConfig.{name} must be True or False, got {getattr(self, name)!r}")
@@ -423,8 +418,7 @@ class GPT(nn.Module):
         idx = _validate_token_ids("idx", idx, self.config.vocab_size)
         if idx.shape[1] == 0:
             raise ValueError(f"idx must hold at least one token per row to continue from, got shape {tuple(idx.shape)}")
-        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+        _validate_int("max_new_tokens", max_new_tokens, minimum=0)
         _validate_sampling(temperature, top_k, top_p)
         mask = None if attention_mask is None else _validate_attention_mask(attention_mask, *idx.shape)
         all_logits = []

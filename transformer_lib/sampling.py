@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._validate import _validate_tensor
+from ._validate import _validate_int, _validate_real, _validate_tensor
 
 
 def top_k_filter(logits: Tensor, k: int) -> Tensor:
@@ -66,21 +66,16 @@ def sample_next_token(
 
 
 def _validate_top_k(k: object) -> None:
-    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-        raise ValueError(f"top_k must be a positive int, got {k!r}")
+    _validate_int("top_k", k)
 
 
 def _validate_top_p(p: object) -> None:
-    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 < p <= 1.0:
-        raise ValueError(f"top_p must be a number in (0, 1], got {p!r}")
+    _validate_real("top_p", p, "a number in (0, 1]", lambda x: 0.0 < x <= 1.0)
 
 
 def _validate_sampling(temperature: object, top_k: object, top_p: object) -> None:
     """Check the sampling settings, also when greedy decoding (temperature 0) would not use them."""
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
-        raise ValueError(f"temperature must be a number >= 0 (0 = greedy), got {temperature!r}")
-    if temperature == float("inf"):
-        raise ValueError("temperature must be finite (infinity would make every token equally likely)")
+    _validate_real("temperature", temperature, "a finite number >= 0 (0 = greedy)", lambda t: t >= 0)
     if top_k is not None:
         _validate_top_k(top_k)
     if top_p is not None:

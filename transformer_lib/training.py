@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import io
 import math
-import numbers
 import os
 import time
 import uuid
@@ -30,6 +29,7 @@ from typing import Any, NoReturn
 import torch
 from torch import Tensor, nn
 
+from ._validate import _validate_int, _validate_real
 from .precision import autocast_dtype
 from .utils import get_device
 
@@ -47,22 +47,6 @@ class NonFiniteLossError(FloatingPointError):
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be loaded: unreadable, corrupted, of another kind, or for another model."""
-
-
-def _validate_int(name: str, value: object, minimum: int, allowed: str = "") -> int:
-    """An integer (not a bool, not a float) >= minimum; numpy integers become ``int``."""
-    is_int = isinstance(value, numbers.Integral) and not isinstance(value, bool)
-    if not is_int or value < minimum:
-        raise ValueError(f"{name} must be {allowed or f'an integer >= {minimum}'}, got {value!r}")
-    return int(value)
-
-
-def _validate_real(name: str, value: object, allowed: str, ok: Callable[[float], bool]) -> float:
-    """A finite real number (not a bool) for which ``ok`` holds; ``allowed`` says which, for the message."""
-    is_real = isinstance(value, numbers.Real) and not isinstance(value, bool)
-    if not is_real or not math.isfinite(value) or not ok(float(value)):
-        raise ValueError(f"{name} must be {allowed}, got {value!r}")
-    return float(value)
 
 
 def _validate_betas(value: object) -> tuple[float, float]:
@@ -522,7 +506,7 @@ class Trainer:
         _validate_scaler_state(state["scaler"], fail)
         _validate_rng_states(self.generator, state, fail)
         step = state["step"]
-        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:  # a CheckpointError, not a ValueError
             raise fail(f"has step {step!r}, not an integer >= 0")
         if not isinstance(state["train_config"], dict):
             raise fail(f"has a train_config of type {type(state['train_config']).__name__}, not a dict")
