@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -34,10 +35,12 @@ def test_paths_fall_back_to_the_vendored_copies(view) -> None:
     # bertviz's unconditional CDN require.js tag is gone; require.js is fetched only when missing.
     assert "<script src=" not in html
     assert 'typeof window.requirejs === "function"' in js
-    # Each module: CDN first, then the local copy under _static/npm/.
+    # Each module: the local copy under _static/npm/ first, the CDN only as a fallback, so an
+    # online reader of the book loads nothing from the internet either.
     assert '"d3": "https://cdnjs.cloudflare.com/ajax/libs/d3/5.7.0/d3.min"' in js
     assert '"d3": "d3/d3.min"' in js and '"jquery": "jquery/jquery.min"' in js
-    assert "[cdnPaths[name], base + localPaths[name]]" in js
+    assert "[base + localPaths[name], cdnPaths[name]]" in js
+    assert "[cdnPaths[name], base + localPaths[name]]" not in js
     assert 'script[src*="npm/requirejs/require.js"]' in js
     # bertviz's own CDN-only require.config is removed; only ours remains.
     assert js.count("require.config(") == 1
@@ -54,6 +57,62 @@ def test_rewritten_script_is_valid_javascript(tmp_path) -> None:
         path.write_text(_script(view(_attn(), TOKENS, display=False).data))
         proc = subprocess.run([node, "--check", str(path)], capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr
+
+
+# A stand-in for the page: the book's <script src=".../_static/npm/requirejs/require.js"> tag (or
+# none, as in JupyterLab and Colab), and a require.js that records the paths it is configured with.
+_NODE_HARNESS = """
+const requireTag = %(tag)s;
+global.window = {requirejs: function () {}};
+global.document = {
+  querySelector: function () { return requireTag; },
+  documentElement: {getAttribute: function () { return null; }},
+  baseURI: "http://localhost/chapters/x.html",
+};
+global.requirejs = function () {};
+// In node, `require` is the module's own function: shadow it with the stub.
+(function (require) {
+%(script)s
+})({config: function (c) { console.log(JSON.stringify(c.paths)); }});
+"""
+
+
+@pytest.mark.parametrize(
+    ("tag", "expected"),
+    [
+        (
+            '{src: "http://localhost/_static/npm/requirejs/require.js"}',
+            {
+                "d3": [
+                    "http://localhost/_static/npm/d3/d3.min",
+                    "https://cdnjs.cloudflare.com/ajax/libs/d3/5.7.0/d3.min",
+                ],
+                "jquery": [
+                    "http://localhost/_static/npm/jquery/jquery.min",
+                    "https://cdnjs.cloudflare.com/ajax/libs/jquery/2.0.0/jquery.min",
+                ],
+            },
+        ),
+        (
+            "null",
+            {
+                "d3": "https://cdnjs.cloudflare.com/ajax/libs/d3/5.7.0/d3.min",
+                "jquery": "https://cdnjs.cloudflare.com/ajax/libs/jquery/2.0.0/jquery.min",
+            },
+        ),
+    ],
+    ids=["book-page", "jupyterlab"],
+)
+def test_require_paths_in_a_page(tmp_path, tag, expected) -> None:
+    """Run the view's script in node: on a book page the local copy comes first, the CDN second."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node not installed")
+    path = tmp_path / "page.js"
+    path.write_text(_NODE_HARNESS % {"tag": tag, "script": _script(viz.head_view(_attn(), TOKENS, display=False).data)})
+    proc = subprocess.run([node, str(path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == expected
 
 
 def test_accepts_3d_layers_numpy_and_batch_index() -> None:

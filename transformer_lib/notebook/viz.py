@@ -5,9 +5,11 @@ hard-coded CDN URLs. That works in Jupyter and Colab with internet access, but t
 book must render with no network at all. The wrappers here call bertviz with
 ``html_action='return'`` and rewrite its script so that
 
-* every ``require.config`` path becomes a fallback list: the CDN first, then the copy that
-  ``scripts/vendor_js.py`` puts in the book's ``_static/npm/`` folder (require.js moves on
-  to the next entry when a load fails);
+* every ``require.config`` path becomes a fallback list: first the copy that
+  ``scripts/vendor_js.py`` puts in the book's ``_static/npm/`` folder, then the CDN
+  (require.js moves on to the next entry when a load fails). A reader of the book, online or
+  not, so loads nothing from the internet; where no local copy exists (JupyterLab, Colab),
+  the CDN is the only entry;
 * the local folder is found at run time from the ``<script>`` tag that loaded the book's own
   require.js (``_static/npm/requirejs/require.js``), falling back to Sphinx's
   ``data-content_root`` attribute, so it resolves from every page (``chapters/...``,
@@ -60,7 +62,7 @@ _LOADER = """(function () {
   var localPaths = %(local)s;
   var paths = {};
   Object.keys(cdnPaths).forEach(function (name) {
-    paths[name] = (base && localPaths[name]) ? [cdnPaths[name], base + localPaths[name]] : cdnPaths[name];
+    paths[name] = (base && localPaths[name]) ? [base + localPaths[name], cdnPaths[name]] : cdnPaths[name];
   });
   function draw() {
     require.config({paths: paths});
@@ -82,7 +84,7 @@ def offline_html(html: str) -> str:
 
     Drops bertviz's unconditional ``<script src=...require.min.js>`` tag (the book loads its
     own require.js; elsewhere the loader fetches one only if missing) and replaces the CDN-only
-    ``require.config`` paths by CDN-then-local fallback lists.
+    ``require.config`` paths by local-then-CDN fallback lists.
 
     Raises ``RuntimeError`` if bertviz's output no longer has the expected layout, rather than
     silently producing a view that stays blank offline.
