@@ -4,7 +4,7 @@ Two layers. The core is tensors in, tensors out, one module per idea:
 
 - ``attention``: scaled dot-product and multi-head attention, grouped-query attention, the KV cache (chapters 1, 3)
 - ``masks``: causal, padding and prefix-LM masks, combining them (chapter 2)
-- ``positional``: sinusoidal, learned and rotary position encodings (chapter 4)
+- ``positional``: sinusoidal, learned, rotary and ALiBi position encodings (chapter 4)
 - ``norms``: LayerNorm and RMSNorm written out (chapter 5)
 - ``layers``: feed-forward, encoder, decoder and decoder-only layers, Pre-LN and Post-LN (chapters 5, 6)
 - ``models``: the encoder-decoder, GPT and BERT-style models (chapters 6, 7)
@@ -31,7 +31,15 @@ from .layers import DecoderLayer, DecoderOnlyLayer, EncoderLayer, FeedForward
 from .masks import causal_mask, combine_masks, padding_mask, prefix_lm_mask
 from .models import GPT, EncoderOnlyTransformer, GPTConfig, Seq2SeqTransformer
 from .norms import LayerNorm, RMSNorm
-from .positional import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding, sinusoidal_encoding
+from .positional import (
+    ALiBi,
+    LearnedPositionalEmbedding,
+    RotaryEmbedding,
+    SinusoidalPositionalEncoding,
+    alibi_bias,
+    alibi_slopes,
+    sinusoidal_encoding,
+)
 from .utils import count_parameters, get_device, set_seed
 
 try:  # one version source: pyproject.toml, through the installed package's metadata
@@ -57,6 +65,9 @@ __all__ = [
     "Seq2SeqTransformer",
     "LayerNorm",
     "RMSNorm",
+    "ALiBi",
+    "alibi_bias",
+    "alibi_slopes",
     "LearnedPositionalEmbedding",
     "RotaryEmbedding",
     "SinusoidalPositionalEncoding",

@@ -27,16 +27,18 @@ def scaled_dot_product_attention(
     mask: Tensor | None = None,
     dropout_p: float = 0.0,
     scale: float | None = None,
+    bias: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """Explicit attention: ``weights = softmax(q k^T * scale)``, ``out = weights v``.
+    """Explicit attention: ``weights = softmax(q k^T * scale + bias)``, ``out = weights v``.
 
     ``scale`` defaults to ``1 / sqrt(d_k)``. ``mask`` is boolean, True = may attend.
+    ``bias`` is an optional additive float bias on the scores (e.g. ALiBi's), applied before the mask.
     A query whose keys are all masked gets zero weights and a zero output (never NaN).
     ``dropout_p`` drops attention weights (use 0 at evaluation time).
 
     Shapes:
         q: (..., T_q, d_k), k: (..., T_k, d_k), v: (..., T_k, d_v),
-        mask: broadcastable to (..., T_q, T_k)
+        mask, bias: broadcastable to (..., T_q, T_k)
         -> out (..., T_q, d_v), weights (..., T_q, T_k)
 
     Defined in chapter 1, Attention.
@@ -51,6 +53,9 @@ def scaled_dot_product_attention(
         raise ValueError(f"k and v must have the same length T_k, got k {tuple(k.shape)} and v {tuple(v.shape)}")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     scores = (q @ k.transpose(-2, -1)) * scale  # (..., T_q, T_k)
+    if bias is not None:
+        _validate_tensor("bias", bias, floating=True)
+        scores = scores + bias.to(scores.dtype)  # (..., T_q, T_k), broadcast
     if mask is not None:
         _validate_mask(mask, scores.shape, names="the scores' shape (..., T_q, T_k)")
         scores = scores.masked_fill(~mask, float("-inf"))
@@ -120,7 +125,9 @@ class MultiHeadAttention(nn.Module):
     ``d_head = d_model // n_heads``, attends in every head at once, merges heads and
     projects back. With ``need_weights=True`` it runs the explicit path and also
     returns the per-head weights; otherwise it calls ``F.scaled_dot_product_attention``.
-    An optional :class:`~transformer_lib.positional.RotaryEmbedding` rotates q and k.
+    An optional :class:`~transformer_lib.positional.RotaryEmbedding` rotates q and k; an optional
+    :class:`~transformer_lib.positional.ALiBi` adds its distance bias to the scores (causal
+    self-attention only; with a cache the new queries sit after the cached keys).
     ``n_kv_heads < n_heads`` gives grouped-query attention (``n_kv_heads=1``: multi-query):
     the keys and values have fewer heads, each shared by ``n_heads // n_kv_heads`` query heads.
 
@@ -140,6 +147,7 @@ class MultiHeadAttention(nn.Module):
         bias: bool = True,
         rotary: nn.Module | None = None,
         n_kv_heads: int | None = None,
+        alibi: nn.Module | None = None,
     ) -> None:
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
@@ -165,6 +173,7 @@ class MultiHeadAttention(nn.Module):
         self.v_proj = nn.Linear(d_model, d_kv, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
         self.rotary = rotary
+        self.alibi = alibi
 
     def split_heads(self, x: Tensor) -> Tensor:
         """(B, T, n * d_head) -> (B, n, T, d_head), n = n_heads for queries, n_kv_heads for keys/values."""
@@ -213,8 +222,14 @@ class MultiHeadAttention(nn.Module):
             k, v = cache.update(k, v)  # (B, n_kv_heads, T_k, d_head): earlier positions too
         mask = self._combine_masks(mask, key_padding_mask, query.shape[0], q.shape[2], k.shape[2])
 
+        bias = None
+        if self.alibi is not None:
+            if not is_causal:
+                raise ValueError("ALiBi biases causal self-attention: call with is_causal=True")
+            bias = self.alibi(q.shape[2], k.shape[2], offset=T_past)  # (n_heads, T_q, T_k)
+
         k, v = repeat_kv(k, self.n_heads // self.n_kv_heads), repeat_kv(v, self.n_heads // self.n_kv_heads)
-        out, weights = self._attend(q, k, v, mask, is_causal, need_weights)  # (B, n_heads, T_q, d_head)
+        out, weights = self._attend(q, k, v, mask, is_causal, need_weights, bias)  # (B, n_heads, T_q, d_head)
         out = self.out_proj(self.merge_heads(out))  # (B, T_q, d_model)
         return (out, weights) if need_weights else out
 
@@ -260,23 +275,33 @@ class MultiHeadAttention(nn.Module):
         return self.q_proj(query), self.k_proj(key), self.v_proj(value)
 
     def _attend(
-        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, need_weights: bool
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        is_causal: bool,
+        need_weights: bool,
+        bias: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        """softmax(q k^T / sqrt(d_head)) v in every head, explicit (with weights) or fused.
+        """softmax(q k^T / sqrt(d_head) + bias) v in every head, explicit (with weights) or fused.
 
-        Shapes: q (B, n_heads, T_q, d_head), k/v (B, n_heads, T_k, d_head)
+        Shapes: q (B, n_heads, T_q, d_head), k/v (B, n_heads, T_k, d_head), bias (n_heads, T_q, T_k)
             -> out (B, n_heads, T_q, d_head), weights (B, n_heads, T_q, T_k) or None
         """
         dropout_p = self.dropout if self.training else 0.0
         T_q, T_k = q.shape[2], k.shape[2]
-        if is_causal and T_q == T_k and mask is None and not need_weights:
+        if is_causal and T_q == T_k and mask is None and bias is None and not need_weights:
             return fused_attention(q, k, v, dropout_p=dropout_p, is_causal=True), None  # the fast causal kernel
         if is_causal and T_q > 1:  # one new query at the end of the sequence may see every key
             causal = causal_mask(T_q, T_k, device=q.device)
             mask = causal if mask is None else mask & causal
         if need_weights:
-            return scaled_dot_product_attention(q, k, v, mask=mask, dropout_p=dropout_p)
-        out = fused_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+            return scaled_dot_product_attention(q, k, v, mask=mask, dropout_p=dropout_p, bias=bias)
+        attn_mask = mask
+        if bias is not None:  # one additive float mask: the bias, and -inf where the boolean mask says no
+            attn_mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
+        out = fused_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
         if mask is not None:
             # Fused kernels differ on fully masked rows (NaN or mean of v); make them zeros like the explicit path.
             out = out.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)

@@ -24,12 +24,12 @@ from .attention import KVCache
 from .layers import ACTIVATIONS, DecoderLayer, DecoderOnlyLayer, EncoderLayer, run_layers
 from .masks import padding_mask
 from .norms import NORMS, make_norm
-from .positional import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
+from .positional import ALiBi, LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
 from .precision import output_in_fp32
 from .sampling import _validate_sampling, sample_next_token
 from .utils import eval_mode
 
-POSITIONALS = ("learned", "sinusoidal", "rope", "none")
+POSITIONALS = ("learned", "sinusoidal", "rope", "alibi", "none")
 
 
 def _absolute_positions(kind: str, d_model: int, max_len: int) -> nn.Module | None:
@@ -37,7 +37,7 @@ def _absolute_positions(kind: str, d_model: int, max_len: int) -> nn.Module | No
         return LearnedPositionalEmbedding(d_model, max_len)
     if kind == "sinusoidal":
         return SinusoidalPositionalEncoding(d_model, max_len)
-    if kind in ("rope", "none"):
+    if kind in ("rope", "alibi", "none"):
         return None
     raise ValueError(f"positional must be one of {POSITIONALS}, got {kind!r}")
 
@@ -184,7 +184,7 @@ class GPTConfig:
     For a variant use ``dataclasses.replace(config, ...)``; it keeps the derived ``d_ff``,
     ``n_kv_heads`` and ``norm_eps`` unless you pass them as None to derive them again.
 
-    ``positional``: "learned" | "sinusoidal" | "rope" | "none"; ``norm``: "layernorm" | "rmsnorm";
+    ``positional``: "learned" | "sinusoidal" | "rope" | "alibi" | "none"; ``norm``: "layernorm" | "rmsnorm";
     ``activation``: "gelu" | "gelu_tanh" | "relu" | "swiglu". ``d_ff`` defaults to ``4 d_model``
     (``8/3 d_model`` for SwiGLU, which keeps the parameter count about the same). ``n_kv_heads``
     below ``n_heads`` gives grouped-query attention (1: multi-query). ``norm_eps`` defaults to
@@ -253,7 +253,7 @@ class GPTConfig:
 class GPT(nn.Module):
     """A decoder-only Transformer language model (GPT-2 style, Pre-LN by default).
 
-    Token embedding (+ absolute positions, unless RoPE), ``n_layers`` causal blocks,
+    Token embedding (+ absolute positions, unless RoPE or ALiBi), ``n_layers`` causal blocks,
     a final norm and an output head (tied to the token embedding unless ``tie_weights=False``).
     ``forward(idx, targets)`` returns ``(logits, loss)``; ``generate`` samples with an
     optional key/value cache. Both take an ``attention_mask`` (B, T) for left-padded batches.
@@ -301,6 +301,9 @@ class GPT(nn.Module):
         for block in self.blocks:  # GPT-2: scale the projections that write into the residual stream
             for proj in (block.self_attn.out_proj, block.ff.linear2):
                 nn.init.normal_(proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * c.n_layers))
+        if c.positional == "alibi":  # no parameters: each block's attention adds the fixed distance bias
+            for block in self.blocks:
+                block.self_attn.alibi = ALiBi(c.n_heads)
         if c.tie_weights:
             self.lm_head.weight = self.tok_emb.weight
 

@@ -1,12 +1,15 @@
-"""Position information: sinusoidal, learned and rotary (chapter 4, Positional encoding).
+"""Position information: sinusoidal, learned, rotary and ALiBi (chapter 4, Positional encoding).
 
 Self-attention alone is permutation-equivariant; these modules give it order.
 ``SinusoidalPositionalEncoding`` and ``LearnedPositionalEmbedding`` add a vector
 per position to the token embeddings; ``RotaryEmbedding`` (RoPE) instead rotates
-queries and keys inside attention, so scores depend only on the offset m - n.
+queries and keys inside attention, so scores depend only on the offset m - n;
+``ALiBi`` adds a fixed penalty proportional to the distance i - j to the scores.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import Tensor, nn
@@ -149,3 +152,76 @@ class RotaryEmbedding(nn.Module):
         if cos.dim() == 3:
             cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, d_head/2): the same angle in every head
         return apply_rotary(x, cos, sin)
+
+
+def alibi_slopes(n_heads: int) -> Tensor:
+    """The fixed per-head slopes of ALiBi (Press et al. 2022), as in the paper's code.
+
+    For n_heads a power of two: the geometric sequence 2^(-8/n), 2^(-16/n), ..., 2^(-8)
+    (8 heads: 1/2, 1/4, ..., 1/256). Otherwise the slopes of the closest smaller power of
+    two n', followed by every other slope of the sequence for 2n', for the n_heads - n' heads left.
+
+    Shapes: returns (n_heads,).
+
+    Defined in chapter 4, Positional encoding.
+    """
+    if isinstance(n_heads, bool) or not isinstance(n_heads, int):
+        raise TypeError(f"n_heads must be an int, got {type(n_heads).__name__}")
+    if n_heads < 1:
+        raise ValueError(f"n_heads must be positive, got {n_heads}")
+
+    def power_of_two(n: int) -> list[float]:
+        return [2.0 ** (-8.0 * (h + 1) / n) for h in range(n)]
+
+    closest = 2 ** math.floor(math.log2(n_heads))
+    slopes = power_of_two(closest) + power_of_two(2 * closest)[0::2][: n_heads - closest]
+    return torch.tensor(slopes, dtype=torch.float32)
+
+
+def alibi_bias(slopes: Tensor, T_q: int, T_k: int, offset: int = 0) -> Tensor:
+    """The additive ALiBi bias ``-m_h * (i - j)`` for query position ``i = offset + t`` and key position ``j``.
+
+    Causal attention only uses j <= i, where the bias is <= 0 and falls linearly with the distance;
+    the entries with j > i are positive and must be hidden by the causal mask. ``offset`` is the
+    number of cached earlier positions, so a new query at the end of the cache gets the right distances.
+
+    Shapes: slopes (n_heads,) -> bias (n_heads, T_q, T_k).
+
+    Defined in chapter 4, Positional encoding.
+    """
+    if not isinstance(slopes, Tensor):
+        raise TypeError(f"slopes must be a torch.Tensor, got {type(slopes).__name__}")
+    if slopes.dim() != 1 or not slopes.is_floating_point():
+        raise ValueError(
+            f"slopes must be a 1-D float tensor (one slope per head), got {slopes.dtype} {tuple(slopes.shape)}"
+        )
+    for name, value, low in (("T_q", T_q, 1), ("T_k", T_k, 1), ("offset", offset, 0)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        if value < low:
+            raise ValueError(f"{name} must be >= {low}, got {value}")
+    i = torch.arange(offset, offset + T_q, device=slopes.device)[:, None]  # (T_q, 1) query positions
+    j = torch.arange(T_k, device=slopes.device)[None, :]  # (1, T_k) key positions
+    return -slopes[:, None, None] * (i - j).to(slopes.dtype)  # (n_heads, T_q, T_k)
+
+
+class ALiBi(nn.Module):
+    """Attention with linear biases (Press et al. 2022): no position vectors, no parameters.
+
+    Head h adds ``-m_h * (i - j)`` to the score of query i for key j, a penalty that grows
+    linearly with the distance, with the fixed slopes of :func:`alibi_slopes`. Give it to
+    ``MultiHeadAttention(..., alibi=ALiBi(n_heads))`` (causal self-attention), or use
+    ``GPTConfig(positional="alibi")``.
+
+    Shapes: forward(T_q, T_k, offset) -> bias (n_heads, T_q, T_k).
+
+    Defined in chapter 4, Positional encoding.
+    """
+
+    def __init__(self, n_heads: int) -> None:
+        super().__init__()
+        self.n_heads = n_heads
+        self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)
+
+    def forward(self, T_q: int, T_k: int, offset: int = 0) -> Tensor:
+        return alibi_bias(self.slopes, T_q, T_k, offset)
