@@ -13,6 +13,7 @@ Without ``tokenizers``/``transformers`` these tests are skipped, except with CI=
 from __future__ import annotations
 
 import json
+from collections import Counter
 from functools import lru_cache
 from pathlib import Path
 
@@ -231,6 +232,25 @@ def test_merges_are_used(loaded, saved):
     s = "the king and the queen love thou art\n"
     assert len(loaded.encode(s)) < len(s.encode("utf-8")) / 2
     assert loaded.tokens(" king")[0].startswith("Ġ")
+
+
+def test_merges_in_priority_order(trained, loaded, saved):
+    """merges() lists the learned pairs in the order of merges.txt, and each pair's join is a token."""
+    _, merges_path = saved
+    lines = [tuple(m.split(" ")) for m in merges_path.read_text(encoding="utf-8").splitlines()[1:] if m]
+    assert trained.merges() == lines == loaded.merges()
+    assert len(lines) == 600 - 256 - 1
+    assert all(trained.token_to_id(a + b) is not None for a, b in lines)
+    # the first merge is the most frequent adjacent pair inside the pre-tokenized words (the special
+    # token cut out), ties going to the pair of smaller byte-symbol ids (code-point order)
+    text = _training_text().replace(SPECIAL, "")
+    words = Counter(w for w, _ in trained.backend.pre_tokenizer.pre_tokenize_str(text))
+    pairs = Counter()
+    for w, n in words.items():
+        for pair in zip(w, w[1:], strict=False):
+            pairs[pair] += n
+    top = max(pairs.values())
+    assert trained.merges()[0] == min(p for p, n in pairs.items() if n == top)
 
 
 @pytest.mark.parametrize("s", STRINGS)

@@ -34,6 +34,14 @@ from transformer_lib.notebook.exercises import (
 )
 
 
+def hf_encode_word(word: str, merges: list[tuple[str, str]]) -> list[str]:
+    """An independent BPE encoder: Hugging Face tokenizers' BPE model with the given merges."""
+    tokenizers = pytest.importorskip("tokenizers")
+    symbols = set(word) | {s for a, b in merges for s in (a, b, a + b)}
+    vocab = {s: i for i, s in enumerate(sorted(symbols))}
+    return [t.value for t in tokenizers.models.BPE(vocab, list(merges)).tokenize(word)]
+
+
 def good_attention(q, k, v, mask=None):
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
     if mask is not None:
@@ -422,7 +430,13 @@ CHAPTER_CHECKERS = {
     ch04_positional_encoding: {"check_sinusoidal_encoding", "check_rope"},
     ch05_norms_and_residuals: {"check_layer_norm", "check_rms_norm", "check_pre_ln_block"},
     ch06_encoder_decoder: {"check_shift_right", "check_decoder_layer", "check_label_smoothing"},
-    ch07_decoder_only: {"check_top_k_filter", "check_top_p_filter"},
+    ch07_decoder_only: {
+        "check_top_k_filter",
+        "check_top_p_filter",
+        "check_generate_cached",
+        "check_swiglu_hidden",
+        "check_encode_word",
+    },
 }
 
 # The library's own implementation of each exercise: every checker must accept it.
@@ -446,13 +460,16 @@ REFERENCE_ANSWERS = {
     "check_label_smoothing": lambda t, V, eps: (1 - eps) * F.one_hot(t, V).float() + eps / V,
     "check_top_k_filter": sampling.top_k_filter,
     "check_top_p_filter": sampling.top_p_filter,
+    "check_generate_cached": lambda model, idx, n_new: model.generate(idx, n_new, temperature=0, use_cache=True),
+    "check_swiglu_hidden": lambda d_model, multiple_of: multiple_of * -(-int(8 * d_model / 3) // multiple_of),
+    "check_encode_word": lambda word, merges: hf_encode_word(word, merges),
 }
 CHECKERS = sorted(REFERENCE_ANSWERS)
 
 
 def test_package_exports_every_chapter_checker():
     public = set().union(*CHAPTER_CHECKERS.values())
-    assert len(public) == 17 and public == set(REFERENCE_ANSWERS)
+    assert len(public) == 20 and public == set(REFERENCE_ANSWERS)
     assert set(ex.__all__) == public | {"Bug", "Checker", "CheckResult", "checker"}
     for name in public:
         assert callable(getattr(ex, name)), name
@@ -602,6 +619,8 @@ def _then_changing_its_inputs(answer):
 
 TENSOR_INPUT_CHECKERS = [name for name in CHECKERS if name not in {"check_causal_mask", "check_prefix_lm_mask"}]
 TENSOR_INPUT_CHECKERS.remove("check_sinusoidal_encoding")  # these three are given integers only
+TENSOR_INPUT_CHECKERS.remove("check_swiglu_hidden")  # integers
+TENSOR_INPUT_CHECKERS.remove("check_encode_word")  # strings
 
 
 @pytest.mark.parametrize("name", TENSOR_INPUT_CHECKERS)

@@ -51,6 +51,17 @@ def test_subsets_batch_index_highlight_and_numpy_input():
     plt.close(fig)
 
 
+def test_numbering_from_one_changes_only_the_titles():
+    maps = _maps(n_layers=2)
+    fig = plots.plot_attention_grid(maps, TOKENS, heads=[2], highlight=[(1, 2)], numbering=1)
+    panels = _heatmaps(fig)
+    # layers, heads and highlight still count from 0: only the titles change
+    assert [p.get_title() for p in panels] == ["layer 1, head 3", "layer 2, head 3"]
+    np.testing.assert_allclose(panels[1].images[0].get_array(), maps[1][0, 2].numpy(), rtol=1e-6)
+    assert panels[1].spines["left"].get_edgecolor()[:3] == matplotlib.colors.to_rgb("red")
+    plt.close(fig)
+
+
 def test_cross_attention_and_a_single_layer_tensor():
     cross = _maps(n_layers=1, T_q=2, T_k=4)[0][0]  # (n_heads, T_q, T_k): one layer, no batch axis
     fig = plots.plot_attention_grid(cross, ["a", "b"], TOKENS)
@@ -66,6 +77,7 @@ def test_cross_attention_and_a_single_layer_tensor():
         (lambda: plots.plot_attention_grid(_maps(T_q=2), ["a", "b"]), ValueError, "pass tokens_k"),
         (lambda: plots.plot_attention_grid([torch.rand(4, 4)], TOKENS), ValueError, "(n_heads, T_q, T_k)"),
         (lambda: plots.plot_attention_grid(_maps(), TOKENS, heads=[3]), ValueError, "heads"),
+        (lambda: plots.plot_attention_grid(_maps(), TOKENS, numbering=2), ValueError, "numbering must be 0 or 1"),
         (lambda: plots.plot_attention_grid(_maps(), TOKENS, layers=[]), ValueError, "layers"),
         (lambda: plots.plot_attention_grid(_maps(B=1), TOKENS, batch_index=1), ValueError, "batch_index"),
         (lambda: plots.plot_attention_grid([torch.ones(1, 2, 4, 4, dtype=torch.long)], TOKENS), TypeError, "floating"),

@@ -124,6 +124,16 @@ class BPETokenizer:
         """The token string of an id; a ``ValueError`` outside ``[0, vocab_size)``."""
         return self._tok.id_to_token(self._validate_id(i))
 
+    def merges(self) -> list[tuple[str, str]]:
+        """The learned merges in priority order (the order they were learned): pairs of token strings.
+
+        Merge ``r`` turns the adjacent pair ``(a, b)`` into the token ``a + b``; encoding applies the
+        merges by this rank. Special tokens take no part in merges.
+        """
+        merges = json.loads(self._tok.to_str())["model"]["merges"]
+        # tokenizers >= 0.20 writes each merge as a pair, older versions as one "a b" string
+        return [tuple(m) if isinstance(m, list) else tuple(m.split(" ", 1)) for m in merges]
+
     def _validate_id(self, i: Any) -> int:
         try:
             i = operator.index(i)

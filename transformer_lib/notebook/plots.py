@@ -81,6 +81,7 @@ def plot_attention_grid(
     cell_inches: float = 1.9,
     fontsize: float = 6.0,
     title: str | None = None,
+    numbering: int = 0,
 ):
     """Attention weights as a grid of heatmaps: one row per layer, one column per head, with token labels.
 
@@ -88,7 +89,9 @@ def plot_attention_grid(
     ``layers``/``heads`` pick which to draw (default: all); ``highlight`` frames the given
     ``(layer, head)`` panels in red. ``vmax=1.0`` puts every panel on the same colour scale
     (weights are in [0, 1]), so a diffuse head looks faint; ``vmax=None`` scales each panel
-    to its own maximum. Returns the matplotlib ``Figure`` (call ``plt.show()`` to draw it).
+    to its own maximum. ``numbering`` is the number the titles give the first layer and head (0 as
+    in chapter 3; 1 as in chapters 6 and 7); ``layers``, ``heads`` and ``highlight`` always count
+    from 0. Returns the matplotlib ``Figure`` (call ``plt.show()`` to draw it).
 
     Shapes:
         maps: a list over layers of ``(B, n_heads, T_q, T_k)`` or ``(n_heads, T_q, T_k)`` tensors
@@ -99,6 +102,8 @@ def plot_attention_grid(
     """
     import matplotlib.pyplot as plt
 
+    if numbering not in (0, 1) or isinstance(numbering, bool):
+        raise ValueError(f"numbering must be 0 or 1 (the number of the first layer and head), got {numbering!r}")
     all_layers = _grid_layers(maps, batch_index)
     T_q, T_k = all_layers[0].shape[-2:]
     tokens_q = _validate_tokens(tokens_q, T_q, "tokens_q")
@@ -126,7 +131,7 @@ def plot_attention_grid(
             ax = axes[r, c]
             w = all_layers[layer][head].numpy()
             image = ax.imshow(w, cmap=cmap, vmin=0.0, vmax=vmax if vmax is not None else max(float(w.max()), 1e-9))
-            ax.set_title(f"layer {layer}, head {head}", fontsize=fontsize + 2)
+            ax.set_title(f"layer {layer + numbering}, head {head + numbering}", fontsize=fontsize + 2)
             ax.set_xticks(range(T_k))
             ax.set_yticks(range(T_q))
             ax.set_xticklabels(tokens_k if r == rows - 1 else [], rotation=90, fontsize=fontsize)

@@ -22,7 +22,8 @@ variance or eps outside the square root) and names the one it recognises.
 - ``ch04_positional_encoding``: ``check_sinusoidal_encoding``, ``check_rope``
 - ``ch05_norms_and_residuals``: ``check_layer_norm``, ``check_rms_norm``, ``check_pre_ln_block``
 - ``ch06_encoder_decoder``: ``check_shift_right``, ``check_decoder_layer``, ``check_label_smoothing``
-- ``ch07_decoder_only``: ``check_top_k_filter``, ``check_top_p_filter``
+- ``ch07_decoder_only``: ``check_top_k_filter``, ``check_top_p_filter``, ``check_generate_cached``,
+  ``check_swiglu_hidden``, ``check_encode_word``
 """
 
 from ._framework import Bug, Checker, CheckResult, checker
@@ -32,7 +33,13 @@ from .ch03_multi_head_attention import check_multi_head_attention, check_split_h
 from .ch04_positional_encoding import check_rope, check_sinusoidal_encoding
 from .ch05_norms_and_residuals import check_layer_norm, check_pre_ln_block, check_rms_norm
 from .ch06_encoder_decoder import check_decoder_layer, check_label_smoothing, check_shift_right
-from .ch07_decoder_only import check_top_k_filter, check_top_p_filter
+from .ch07_decoder_only import (
+    check_encode_word,
+    check_generate_cached,
+    check_swiglu_hidden,
+    check_top_k_filter,
+    check_top_p_filter,
+)
 
 __all__ = [
     "Bug",
@@ -56,4 +63,7 @@ __all__ = [
     "check_shift_right",
     "check_top_k_filter",
     "check_top_p_filter",
+    "check_generate_cached",
+    "check_swiglu_hidden",
+    "check_encode_word",
 ]

@@ -74,6 +74,17 @@ def _describe(x: Any) -> str:
     return f"{type(x).__name__}"
 
 
+def _both_ints(a: Any, b: Any) -> bool:
+    """Both are integers (a NumPy integer counts as an int; a bool does not)."""
+    return all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in (a, b))
+
+
+def _short(x: Any, limit: int = 120) -> str:
+    """``repr(x)``, cut to ``limit`` characters."""
+    text = repr(x)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _difference(got: Any, expected: Any, atol: float = 1e-5) -> str | None:
     """None when ``got`` equals ``expected`` (tensors or tuples of tensors); else what differs."""
     if isinstance(expected, tuple):
@@ -84,6 +95,10 @@ def _difference(got: Any, expected: Any, atol: float = 1e-5) -> str | None:
             if problem:
                 return f"item {i} of the tuple: {problem}"
         return None
+    if not isinstance(expected, Tensor):  # plain Python values (ints, strings, lists of them): exact equality
+        if isinstance(got, Tensor) or type(got) is not type(expected) and not _both_ints(got, expected):
+            return f"expected {_describe(expected)} {_short(expected)}, got {_describe(got)} {_short(got)}"
+        return None if got == expected else f"expected {_short(expected)}, got {_short(got)}"
     if not isinstance(got, Tensor):
         return f"expected {_describe(expected)}, got {_describe(got)}"
     if got.layout != torch.strided or got.device != expected.device:
