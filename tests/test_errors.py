@@ -91,6 +91,7 @@ def test_bad_config_names():
     with pytest.raises(ValueError, match="activation must be one of"):
         EncoderLayer(8, 2, 16, activation="tanh")
     with pytest.raises(ValueError, match="positional must be one of"):
-        GPTConfig(vocab_size=5, block_size=8, positional="alibi")
+        GPTConfig(vocab_size=5, block_size=8, positional="t5-relative")
+    assert GPTConfig(vocab_size=5, block_size=8, positional="alibi").positional == "alibi"  # chapter 4's ALiBi
     with pytest.raises(ValueError, match=r"norm must be one of \('layernorm', 'rmsnorm'\)"):
         GPTConfig(vocab_size=5, block_size=8, norm="batchnorm")

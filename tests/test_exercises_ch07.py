@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.conftest import importorskip_unless_ci
+from conftest import importorskip_unless_ci
 from transformer_lib import causal_mask
 from transformer_lib.notebook import exercises as ex
 from transformer_lib.notebook.exercises import ch07_decoder_only
