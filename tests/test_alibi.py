@@ -114,19 +114,19 @@ def test_fully_masked_rows_give_zeros_not_nan():
 
 
 def test_errors():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="n_heads must be a positive int, got 0"):
         alibi_slopes(0)
-    with pytest.raises(TypeError):
+    with pytest.raises(ValueError, match="n_heads must be a positive int, got 4.0"):
         alibi_slopes(4.0)
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="slopes must be a torch.Tensor, got list"):
         alibi_bias([0.5], 3, 3)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"slopes must be a 1-D float tensor .* \(1, 1\)"):
         alibi_bias(torch.tensor([[0.5]]), 3, 3)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="T_q must be a positive int, got 0"):
         alibi_bias(torch.tensor([0.5]), 0, 3)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="offset must be an int >= 0, got -1"):
         alibi_bias(torch.tensor([0.5]), 2, 3, offset=-1)
-    with pytest.raises(TypeError):
+    with pytest.raises(ValueError, match="T_q must be a positive int, got 2.0"):
         alibi_bias(torch.tensor([0.5]), 2.0, 3)
     mha = tl.MultiHeadAttention(16, n_heads=2, alibi=ALiBi(2))
     with pytest.raises(ValueError, match="causal"):

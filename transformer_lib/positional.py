@@ -14,7 +14,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from ._validate import _validate_tensor
+from ._validate import _validate_int, _validate_tensor
 
 
 def sinusoidal_encoding(max_len: int, d_model: int, base: float = 10000.0) -> Tensor:
@@ -165,10 +165,7 @@ def alibi_slopes(n_heads: int) -> Tensor:
 
     Defined in chapter 4, Positional encoding.
     """
-    if isinstance(n_heads, bool) or not isinstance(n_heads, int):
-        raise TypeError(f"n_heads must be an int, got {type(n_heads).__name__}")
-    if n_heads < 1:
-        raise ValueError(f"n_heads must be positive, got {n_heads}")
+    n_heads = _validate_int("n_heads", n_heads)
 
     def power_of_two(n: int) -> list[float]:
         return [2.0 ** (-8.0 * (h + 1) / n) for h in range(n)]
@@ -195,11 +192,8 @@ def alibi_bias(slopes: Tensor, T_q: int, T_k: int, offset: int = 0) -> Tensor:
         raise ValueError(
             f"slopes must be a 1-D float tensor (one slope per head), got {slopes.dtype} {tuple(slopes.shape)}"
         )
-    for name, value, low in (("T_q", T_q, 1), ("T_k", T_k, 1), ("offset", offset, 0)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-        if value < low:
-            raise ValueError(f"{name} must be >= {low}, got {value}")
+    T_q, T_k = _validate_int("T_q", T_q), _validate_int("T_k", T_k)
+    offset = _validate_int("offset", offset, minimum=0)
     i = torch.arange(offset, offset + T_q, device=slopes.device)[:, None]  # (T_q, 1) query positions
     j = torch.arange(T_k, device=slopes.device)[None, :]  # (1, T_k) key positions
     return -slopes[:, None, None] * (i - j).to(slopes.dtype)  # (n_heads, T_q, T_k)
