@@ -1,6 +1,7 @@
 """The checkers accept right answers and name the classic bugs in wrong ones, without crashing."""
 
 import inspect
+import json
 import math
 import random
 import threading
@@ -464,12 +465,20 @@ REFERENCE_ANSWERS = {
     "check_swiglu_hidden": lambda d_model, multiple_of: multiple_of * -(-int(8 * d_model / 3) // multiple_of),
     "check_encode_word": lambda word, merges: hf_encode_word(word, merges),
 }
+# The checkers of a value (``@checker(answer="value")``, "predict, then run"): a right prediction each.
+VALUE_ANSWERS: dict[str, object] = {}
 CHECKERS = sorted(REFERENCE_ANSWERS)
+VALUE_CHECKERS = sorted(VALUE_ANSWERS)
 
 
 def test_package_exports_every_chapter_checker():
     public = set().union(*CHAPTER_CHECKERS.values())
-    assert len(public) == 20 and public == set(REFERENCE_ANSWERS)
+    assert public == set(REFERENCE_ANSWERS) | set(VALUE_ANSWERS)
+    assert not set(REFERENCE_ANSWERS) & set(VALUE_ANSWERS)
+    for name in REFERENCE_ANSWERS:
+        assert getattr(ex, name).answer_kind == "function", name
+    for name in VALUE_ANSWERS:
+        assert getattr(ex, name).answer_kind == "value", name
     assert set(ex.__all__) == public | {"Bug", "Checker", "CheckResult", "checker"}
     for name in public:
         assert callable(getattr(ex, name)), name
@@ -484,7 +493,7 @@ def test_chapter_module_holds_only_its_chapter_checkers(module):
         assert getattr(module, name).__module__ == module.__name__, name  # defined there, not imported
 
 
-@pytest.mark.parametrize("name", CHECKERS)
+@pytest.mark.parametrize("name", CHECKERS + VALUE_CHECKERS)
 def test_checker_keeps_name_docstring_and_answer_signature(name):
     check = getattr(ex, name)
     assert check.__name__ == name
@@ -496,14 +505,81 @@ def test_checker_keeps_name_docstring_and_answer_signature(name):
     assert typing.get_type_hints(check)["return"] is ex.CheckResult
 
 
-@pytest.mark.parametrize("name", CHECKERS)
+@pytest.mark.parametrize("name", CHECKERS + VALUE_CHECKERS)
 def test_checker_accepts_the_library_answer(name, capsys):
-    result = getattr(ex, name)(REFERENCE_ANSWERS[name])
+    result = getattr(ex, name)({**REFERENCE_ANSWERS, **VALUE_ANSWERS}[name])
     assert result.passed, result.text
     assert result.text.startswith(f"{name}: All ") and result.text in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("name", CHECKERS)
+def _stub_answer(x, n_heads): ...  # your code here
+
+
+@torch.no_grad()
+def _decorated_stub_answer(model, idx, n_new):
+    """A docstring, then nothing."""
+    pass
+
+
+@pytest.mark.parametrize("name", CHECKERS + VALUE_CHECKERS)
+@pytest.mark.parametrize("answer", [..., _stub_answer, _decorated_stub_answer], ids=["...", "stub", "decorated stub"])
+def test_an_unanswered_starter_is_reported_not_graded(name, answer, capsys):
+    result = getattr(ex, name)(answer)
+    assert not result.passed and result.status == "unanswered"
+    assert result.text.startswith(f"{name}: not answered yet: ") and not result.lines
+    assert capsys.readouterr().out == result.text + "\n"
+
+
+def test_a_stub_is_told_apart_from_an_answer():
+    def answered(x, n_heads):
+        return None  # returns nothing, but was written: same bytecode as a stub, and that is fine
+
+    def real(x, n_heads):
+        return x
+
+    assert _framework.is_unanswered(_stub_answer) and _framework.is_unanswered(answered)
+    assert not _framework.is_unanswered(real) and not _framework.is_unanswered(0.0)
+    assert not _framework.is_unanswered(torch.no_grad()(real))
+
+
+@pytest.mark.parametrize("name", CHECKERS + VALUE_CHECKERS)
+def test_every_call_is_recorded_for_the_grader(name, tmp_path, monkeypatch):
+    log = tmp_path / "results.jsonl"
+    monkeypatch.setenv(_framework.RESULTS_ENV, str(log))
+    check = getattr(ex, name)
+    right = check({**REFERENCE_ANSWERS, **VALUE_ANSWERS}[name])
+    check(...)
+    wrong = check("a wrong answer")
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [r["status"] for r in records] == ["passed", "unanswered", "failed"]
+    assert all(r["checker"] == name for r in records)
+    assert records[0]["passed"] and records[0]["feedback"] == right.text
+    assert records[2]["feedback"] == wrong.text and not records[2]["passed"]
+
+
+def test_a_results_file_that_cannot_be_written_does_not_break_the_notebook(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(_framework.RESULTS_ENV, str(tmp_path / "missing-folder" / "results.jsonl"))
+    assert ex.check_causal_mask(causal_mask).passed
+    assert "could not record the result for the grader" in capsys.readouterr().out
+
+
+def test_a_value_checker_compares_floats_within_its_tolerance(capsys):
+    @ex.checker(answer="value")
+    def check_loss_at_init(c: ex.Checker, predicted: float) -> None:
+        """Check ``predicted``, the loss of a uniform guess over 65 characters."""
+        c.case("the loss", lambda: predicted, math.log(65), atol=0.01, hint="a uniform guess: ln(vocabulary size).")
+
+    assert check_loss_at_init.answer_kind == "value"
+    assert check_loss_at_init(4.17).passed and check_loss_at_init(torch.tensor(4.175)).passed
+    assert check_loss_at_init(np.float32(4.18)).passed
+    wrong = check_loss_at_init(65)
+    assert not wrong.passed and "expected 4.17439 (within 0.01), got 65" in wrong.text and "ln(vocabulary" in wrong.text
+    assert not check_loss_at_init(True).passed and not check_loss_at_init("4.17").passed
+    with pytest.raises(ValueError, match='answer must be "function" or "value", got \'number\''):
+        ex.checker(answer="number")
+
+
+@pytest.mark.parametrize("name", CHECKERS)  # the function checkers
 def test_checker_refuses_a_non_callable_answer(name, capsys):
     result = getattr(ex, name)(42)
     assert not result.passed and not result
@@ -530,7 +606,7 @@ def _consuming(answer):
 @pytest.mark.parametrize("right", [True, False], ids=["right answer", "wrong answer"])
 @pytest.mark.parametrize("name", CHECKERS)
 def test_checker_restores_every_global_random_state(name, right):
-    answer = REFERENCE_ANSWERS[name] if right else lambda *args, **kwargs: None
+    answer = REFERENCE_ANSWERS[name] if right else lambda *args, **kwargs: 1 / 0
     torch.manual_seed(0)
     random.seed(0)
     np.random.seed(0)

@@ -7,14 +7,27 @@ refuses a non-callable answer, keeps the reader's random streams untouched and p
 A case hands the answer copies of its ``inputs`` and fails an answer that changes them in place, gives
 the answer :data:`CASE_TIMEOUT_SECONDS` to return, and turns anything odd the answer does (raise, hang,
 return a sparse tensor or one on another device) into a failed case with feedback, never a crash.
+
+``@checker(answer="value")`` builds a checker whose answer is a value rather than a function: the number
+a reader predicts before running a cell ("predict, then run").
+
+An answer still as the starter cell left it (a function whose body is only ``...`` or ``pass``, or the
+value ``...``) is *not answered yet*: the checker says so and runs no case. Every checker call also
+appends a machine-readable record to the JSON-lines file named by the environment variable
+:data:`RESULTS_ENV`, when it is set: that is how ``python -m transformer_lib.grade`` collects a class's
+results without parsing printed text.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import dis
 import functools
 import inspect
+import json
+import math
+import os
 import random
 import re
 import signal
@@ -35,16 +48,28 @@ CASE_TIMEOUT_SECONDS: float = 10.0
 Set it before calling a checker (``_framework.CASE_TIMEOUT_SECONDS = 30.0``) on a slow machine; a
 :class:`Checker` built with ``timeout_seconds=`` uses its own limit instead."""
 
+RESULTS_ENV = "TRANSFORMER_BOOK_RESULTS"
+"""Environment variable: the path of a JSON-lines file to which every checker call appends its record
+(``checker``, ``status``, ``passed``, ``feedback``). The grader sets it for each submission's kernel."""
+
+NOT_ANSWERED = "not answered yet"
+
 _ALARM_REPEAT_SECONDS = 0.1  # after the time limit, interrupt again this often: the answer may swallow one
 
 
 @dataclass
 class CheckResult:
-    """Outcome of a checker: ``passed`` and one line per case."""
+    """Outcome of a checker: ``passed``, one line per case, and ``status``: "passed", "failed" or
+    "unanswered" (the answer is still the starter cell's ``...``)."""
 
     title: str
     passed: bool
     lines: list[str] = field(default_factory=list)
+    status: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.status:
+            self.status = "passed" if self.passed else "failed"
 
     @property
     def text(self) -> str:
@@ -79,6 +104,13 @@ def _both_ints(a: Any, b: Any) -> bool:
     return all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in (a, b))
 
 
+def _is_real(x: Any) -> bool:
+    """A real number: a Python or NumPy int or float, or a one-element floating tensor (not a bool)."""
+    if isinstance(x, Tensor):
+        return x.numel() == 1 and not x.dtype.is_complex and x.dtype != torch.bool
+    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
+
+
 def _short(x: Any, limit: int = 120) -> str:
     """``repr(x)``, cut to ``limit`` characters."""
     text = repr(x)
@@ -95,6 +127,10 @@ def _difference(got: Any, expected: Any, atol: float = 1e-5) -> str | None:
             if problem:
                 return f"item {i} of the tuple: {problem}"
         return None
+    if isinstance(expected, float) and _is_real(got):  # a float: equal within atol (or a relative 1e-4)
+        if math.isclose(float(got), expected, rel_tol=1e-4, abs_tol=atol):
+            return None
+        return f"expected {expected:.6g} (within {atol:g}), got {float(got):.6g}"
     if not isinstance(expected, Tensor):  # plain Python values (ints, strings, lists of them): exact equality
         if isinstance(got, Tensor) or type(got) is not type(expected) and not _both_ints(got, expected):
             return f"expected {_describe(expected)} {_short(expected)}, got {_describe(got)} {_short(got)}"
@@ -381,13 +417,14 @@ class Checker:
         if hint:
             self.lines.append(f"     Hint: {hint}")
 
-    def done(self) -> CheckResult:
-        """Print the summary and the feedback lines; return them as a :class:`CheckResult`."""
+    def done(self, quiet: bool = False) -> CheckResult:
+        """The summary and the feedback lines as a :class:`CheckResult`, printed unless ``quiet``."""
         n = sum(1 for line in self.lines if line.startswith("  ✅") or line.startswith("  ❌"))
         passed = self.failures == 0
         summary = f"All {n} checks passed." if passed else f"{self.failures} of {n} checks failed."
         result = CheckResult(f"{self.title}: {summary}", passed, self.lines)
-        print(result.text)
+        if not quiet:
+            print(result.text)
         return result
 
 
@@ -403,21 +440,83 @@ def _random_state_kept() -> Iterator[None]:
         np.random.set_state(numpy_state)
 
 
-def checker(body: Callable[[Checker, Any], None]) -> Callable[[Any], CheckResult]:
-    """Turn ``body(c, answer)`` into the public ``check_<name>(answer) -> CheckResult`` of the same name."""
+def _stub() -> None: ...
+
+
+def _instructions(code: Any) -> list[tuple[str, Any]]:
+    return [(i.opname, i.argval) for i in dis.get_instructions(code)]
+
+
+_STUB_CODE = _instructions(_stub.__code__)  # a body of only `...`, `pass` or a docstring compiles to this
+
+
+def is_unanswered(answer: Any) -> bool:
+    """Whether ``answer`` is still the starter cell's placeholder: ``...`` (or None), or a function whose
+    body is only ``...`` / ``pass`` (decorators such as ``@torch.no_grad()`` are looked through)."""
+    if answer is ... or answer is None:
+        return True
+    function = inspect.unwrap(answer) if callable(answer) else None
+    code = getattr(function, "__code__", None)
+    return code is not None and _instructions(code) == _STUB_CODE
+
+
+def _not_answered(title: str, answer: str) -> CheckResult:
+    where = (
+        "write your function in the cell marked `# your code here`"
+        if answer == "function"
+        else ("replace the `...` in the cell marked `# your code here` with your prediction")
+    )
+    return CheckResult(f"{title}: {NOT_ANSWERED}: {where}, run that cell, then this one.", False, status="unanswered")
+
+
+def _record(result: CheckResult) -> None:
+    """Append ``result`` to the JSON-lines file named by :data:`RESULTS_ENV`, if set (the grader's channel)."""
+    path = os.environ.get(RESULTS_ENV)
+    if not path:
+        return
+    record = {
+        "checker": result.title.split(":", 1)[0],
+        "status": result.status,
+        "passed": result.passed,
+        "feedback": result.text,
+    }
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def checker(body: Callable[[Checker, Any], None] | None = None, /, *, answer: str = "function") -> Any:
+    """Turn ``body(c, answer)`` into the public ``check_<name>(answer) -> CheckResult`` of the same name.
+
+    ``@checker`` checks a function; ``@checker(answer="value")`` checks a value (a prediction), passed to
+    ``body`` as it is. Either way an unanswered starter (``...``) gets "not answered yet" and no case runs,
+    and every call is recorded for the grader (:data:`RESULTS_ENV`).
+    """
+    if answer not in ("function", "value"):
+        raise ValueError(f'answer must be "function" or "value", got {answer!r}')
+    if body is None:
+        return functools.partial(checker, answer=answer)
     title = body.__name__
     _, answer_parameter = inspect.signature(body).parameters.values()
 
-    @functools.wraps(body)
-    def check(answer: Any, /) -> CheckResult:
-        if not callable(answer):
-            result = CheckResult(f"{title}: expected a function, got {type(answer).__name__}", False)
-            print(result.text)
-            return result
+    def run(given: Any) -> CheckResult:
+        if is_unanswered(given):
+            return _not_answered(title, answer)
+        if answer == "function" and not callable(given):
+            return CheckResult(f"{title}: expected a function, got {type(given).__name__}", False)
         c = Checker(title)
         with _random_state_kept():  # the hidden cases and the answer must not disturb the reader's random streams
-            body(c, answer)
-        return c.done()
+            body(c, given)
+        return c.done(quiet=True)
+
+    @functools.wraps(body)
+    def check(given: Any, /) -> CheckResult:
+        result = run(given)
+        print(result.text)
+        try:
+            _record(result)
+        except OSError as e:  # an unwritable results file must not break the reader's notebook
+            print(f"(could not record the result for the grader: {e})")
+        return result
 
     # help() and the chapters show check_<name>(answer, /) -> CheckResult, without the Checker argument
     check.__signature__ = inspect.Signature(
@@ -426,4 +525,5 @@ def checker(body: Callable[[Checker, Any], None]) -> Callable[[Any], CheckResult
     check.__annotations__ = {
         name: annotation for name, annotation in body.__annotations__.items() if name == answer_parameter.name
     } | {"return": CheckResult}
+    check.answer_kind = answer  # "function" or "value": what the grader and the tests hand it
     return check
