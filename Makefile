@@ -13,7 +13,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 QUIET_PIP := { grep -v "is ignored: it is neither a file nor a directory" || true; }
 
-.PHONY: setup book lint test test-fast test-lib browser student clean
+.PHONY: setup book lint test test-fast test-lib browser student colab grade clean
 
 # torch first (the CPU build), so that requirements.txt's torch>=2.4 never pulls a CUDA build; then
 # requirements.txt (the book build: the package's extras [book] and [dev], plus jupyter-book & co).
@@ -54,9 +54,19 @@ test-fast: setup
 test-lib: setup
 	$(BIN)/python -m pytest tests --ignore=tests/test_book.py
 
-# Student copies of the chapters, solutions removed, in _build/student/.
+# Student copies of the chapters, solutions removed, in _build/student/ (MyST markup kept: for JupyterLab
+# with jupyterlab-myst, or to edit).
 student: setup
 	$(BIN)/python scripts/make_student.py
+
+# The student notebooks for Colab, committed in colab/ (solutions removed, MyST turned into plain Markdown),
+# and the grader's exercise catalogue. Run after changing a chapter; a test fails when they are stale.
+colab: setup
+	$(BIN)/python scripts/make_colab.py
+
+# Grade a class: `make grade SUBMISSIONS="alice.ipynb bob.ipynb" [CSV=grades.csv]`.
+grade: setup
+	$(BIN)/python -m transformer_lib.grade $(SUBMISSIONS) $(if $(CSV),--csv $(CSV),)
 
 clean:
 	rm -rf _build

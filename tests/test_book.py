@@ -383,3 +383,31 @@ def test_chapters_cite_the_bibliography(rendered: dict[str, Rendered]) -> None:
     for doc in CHAPTERS:
         article = _article(rendered[doc])
         assert article.select_one('a[href*="bibliography"]'), f"{doc}: no citation links to the bibliography"
+
+
+def test_exercises_are_numbered_per_chapter(book: Path) -> None:
+    """Exercise 3.2 is the second exercise of chapter 3, in the titles and in every link to an exercise, as in
+    the Colab notebooks and the grader (the catalogue)."""
+    from transformer_lib.notebook.exercises.catalogue import load_catalogue
+
+    for chapter, exercises in load_catalogue().items():
+        soup = bs4.BeautifulSoup((book / "chapters" / f"{chapter}.html").read_text(), "html.parser")
+        titles = [" ".join(t.get_text(" ", strip=True).split()) for t in soup.select(".exercise .admonition-title")]
+        assert len(titles) == len(exercises), (chapter, titles)
+        for title, e in zip(titles, exercises, strict=True):
+            assert title.startswith(f"Exercise {e.number} ({e.kind}: "), (title, e.number)
+        for link in soup.select('a[href*="#ex-"]'):
+            label = link["href"].split("#", 1)[1]
+            number = next((e.number for es in load_catalogue().values() for e in es if e.label == label), None)
+            if number and link.get_text(strip=True).startswith("Exercise"):
+                assert link.get_text(strip=True) == f"Exercise {number}", (chapter, link)
+
+
+def test_the_colab_button_opens_the_student_notebook(book: Path) -> None:
+    for doc in CHAPTERS:
+        html = (book / f"{doc}.html").read_text()
+        links = re.findall(r'href="(https://colab\.research\.google\.com/[^"]+)"', html)
+        assert links, f"{doc}: no Colab button"
+        name = doc.split("/", 1)[1]
+        assert all(link.endswith(f"/blob/main/colab/{name}.ipynb") for link in links), links
+        assert (ROOT / "colab" / f"{name}.ipynb").is_file()

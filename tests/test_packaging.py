@@ -394,13 +394,14 @@ def test_wheel_ships_every_module_and_imports_outside_the_source_tree(wheel, tmp
         meta_name = next(n for n in names if n.endswith(".dist-info/METADATA"))
         meta = zf.read(meta_name).decode()
     expected = sorted(str(p.relative_to(ROOT)).replace(os.sep, "/") for p in PACKAGE.rglob("*.py"))
+    expected.append("transformer_lib/notebook/exercises/catalogue.json")  # the grader's data
     missing = [p for p in expected if p not in names]
     assert not missing, f"the wheel lacks {missing}"
     tops = {n.split("/")[0] for n in names}
     assert tops == {"transformer_lib", meta_name.split("/")[0]}, f"the wheel ships more than the package: {tops}"
     assert f"Version: {PROJECT['version']}" in meta
     assert "License-Expression: MIT" in meta and any(n.endswith("licenses/LICENSE") for n in names)
-    for extra in ("book", "dev"):
+    for extra in ("book", "dev", "grade"):
         assert f"Provides-Extra: {extra}" in meta
 
     site = tmp_path / "site"

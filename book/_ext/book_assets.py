@@ -9,10 +9,18 @@
    after the builder exists twice (once as filename ``None``, once as ``''``), so
    sphinx-thebe's ``const THEBE_JS_URL = ...`` appears twice and the second copy raises
    ``SyntaxError: Identifier 'THEBE_JS_URL' has already been declared`` on every page.
+3. Numbers exercises per chapter: "Exercise 3.2" is the second exercise of ``chapters/03_*``.
+   sphinx-exercise numbers them across the whole book (Sphinx's ``toc_fignumbers``, "Exercise 17");
+   after Sphinx assigns those numbers, each chapter's exercises get ``(chapter, i)`` in document
+   order, which the titles and every reference to an exercise then show. The Colab notebooks and
+   the grader use the same numbers (``transformer_lib.notebook.exercises.catalogue``).
+4. Points the "Colab" launch button of a chapter at its student notebook, ``colab/<chapter>.ipynb``
+   (solutions removed, plain Markdown), instead of ``chapters/<chapter>.ipynb``, the teacher's copy.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -42,9 +50,53 @@ def _dedupe_scripts(app: Sphinx, pagename: str, templatename: str, context: dict
     context["script_files"] = unique
 
 
+_CHAPTER = re.compile(r"^chapters/(\d+)_")
+
+
+def _number_exercises_per_chapter(app: Sphinx, env: Any) -> list[str]:
+    """Renumber each chapter's exercises ``(chapter, 1)``, ``(chapter, 2)``, ... in document order."""
+    changed = []
+    for docname, numbers in env.toc_fignumbers.items():
+        match = _CHAPTER.match(docname)
+        exercises = numbers.get("exercise")
+        if not match or not exercises:
+            continue
+        chapter = int(match.group(1))
+        in_order = sorted(exercises, key=exercises.__getitem__)  # Sphinx numbered them in document order
+        renumbered = {node_id: (chapter, i) for i, node_id in enumerate(in_order, start=1)}
+        if renumbered != exercises:
+            numbers["exercise"] = renumbered
+            changed.append(docname)
+    return changed
+
+
+def _colab_opens_the_student_copy(
+    app: Sphinx, pagename: str, templatename: str, context: dict[str, Any], doctree: Any
+) -> None:
+    if not _CHAPTER.match(pagename):
+        return
+
+    def visit(button: Any) -> None:
+        if isinstance(button, dict):
+            if button.get("text") == "Colab" and "/chapters/" in str(button.get("url", "")):
+                button["url"] = str(button["url"]).replace("/chapters/", "/colab/", 1)
+                button["tooltip"] = "Open the student notebook (no solutions) in Colab"
+            for value in button.values():
+                if isinstance(value, list):
+                    for item in value:
+                        visit(item)
+
+    for button in context.get("header_buttons", []):
+        visit(button)
+
+
 def setup(app: Sphinx) -> dict[str, Any]:
     app.connect("config-inited", _add_static_path)
     # Before require.js (501) and the widget manager (502); MathJax itself is deferred.
     app.add_js_file("mathjax2-compat.js", priority=499)
     app.connect("html-page-context", _dedupe_scripts, priority=900)
+    # After Sphinx's TocTreeCollector numbered the figures (priority 500) and the theme added its launch
+    # buttons (priority 501).
+    app.connect("env-get-updated", _number_exercises_per_chapter, priority=900)
+    app.connect("html-page-context", _colab_opens_the_student_copy, priority=800)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -1,0 +1,206 @@
+"""The classroom grader: `python -m transformer_lib.grade` executes submissions and collects the checkers' records."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from transformer_lib.notebook import grade
+from transformer_lib.notebook.exercises.catalogue import Exercise, load_catalogue
+
+ROOT = Path(__file__).resolve().parent.parent
+md, code = nbformat.v4.new_markdown_cell, nbformat.v4.new_code_cell
+
+# A chapter of two auto-checked exercises and one in words, whose checkers the notebooks define themselves.
+FAKE = {
+    "99_fake": [
+        Exercise("99.1", "ex-double", "Extend", "double a number", ("check_double",)),
+        Exercise("99.2", "ex-guess", "Predict, then run", "the answer", ("check_guess",)),
+        Exercise("99.3", "ex-why", "Explain", "why", ()),
+    ]
+}
+CHECKERS = """\
+from transformer_lib.notebook.exercises import Checker, checker
+
+@checker
+def check_double(c: Checker, double) -> None:
+    '''Check ``double``.'''
+    c.case("x = 3", lambda: double(3), 6, hint="return 2 * x.")
+
+@checker(answer="value")
+def check_guess(c: Checker, guess) -> None:
+    '''Check ``guess``.'''
+    c.case("the guess", lambda: guess, 42)
+"""
+
+
+def notebook(*cells: str, chapter: str | None = "99_fake") -> nbformat.NotebookNode:
+    nb = nbformat.v4.new_notebook(cells=[code(CHECKERS), *(code(c) for c in cells)])
+    if chapter:
+        nb.metadata["transformer_book"] = {"chapter": chapter, "copy": "student"}
+    return nb
+
+
+def write(tmp_path: Path, name: str, nb: nbformat.NotebookNode) -> Path:
+    path = tmp_path / name
+    nbformat.write(nb, path)
+    return path
+
+
+@pytest.fixture
+def fake_catalogue(monkeypatch):
+    monkeypatch.setattr(grade, "load_catalogue", lambda: FAKE)
+
+
+def by_exercise(rows: list[grade.Row]) -> dict[str, grade.Row]:
+    return {r.exercise: r for r in rows}
+
+
+# ---------------------------------------------------------------- grading records (no kernel)
+
+
+def test_the_last_call_of_each_checker_counts():
+    run = grade.Run(
+        records=[
+            {"checker": "check_double", "status": "failed", "passed": False, "feedback": "check_double: 1 of 1 failed"},
+            {"checker": "check_double", "status": "passed", "passed": True, "feedback": "check_double: All 1 passed."},
+            {
+                "checker": "check_guess",
+                "status": "unanswered",
+                "passed": False,
+                "feedback": "check_guess: not answered",
+            },
+        ],
+        errors=[],
+    )
+    rows = by_exercise(grade.grade_run("a.ipynb", FAKE["99_fake"], run, 60))
+    assert set(rows) == {"Exercise 99.1", "Exercise 99.2"}  # the exercise in words is not auto-checked
+    assert rows["Exercise 99.1"].passed and "All 1 passed" in rows["Exercise 99.1"].feedback
+    assert not rows["Exercise 99.2"].passed and "not answered" in rows["Exercise 99.2"].feedback
+
+
+def test_a_record_must_say_passed_in_both_fields():
+    run = grade.Run(records=[{"checker": "check_double", "status": "failed", "passed": True}], errors=[])
+    assert not by_exercise(grade.grade_run("a", FAKE["99_fake"], run, 60))["Exercise 99.1"].passed
+
+
+@pytest.mark.parametrize(
+    ("run", "exercise_says", "notebook_says"),
+    [
+        (grade.Run([], [], timed_out=True), "ran out of time (60 s) before check_double", "ran out of time"),
+        (grade.Run([], [], kernel_died="Kernel died"), "the kernel died before check_double", "the kernel died"),
+        (grade.Run([], []), "check_double was never called", "no checker was called"),
+        (grade.Run([], ["cell 3: NameError: x"]), "never called", "1 cell(s) raised: cell 3: NameError: x"),
+    ],
+    ids=["timeout", "dead kernel", "no checker", "error"],
+)
+def test_what_went_wrong_is_said_per_exercise_and_for_the_notebook(run, exercise_says, notebook_says):
+    rows = by_exercise(grade.grade_run("a.ipynb", FAKE["99_fake"], run, 60))
+    assert not rows["Exercise 99.1"].passed and exercise_says in rows["Exercise 99.1"].feedback
+    assert not rows[grade.NOTEBOOK_ROW].passed and notebook_says in rows[grade.NOTEBOOK_ROW].feedback
+
+
+def test_the_chapter_comes_from_metadata_then_file_name_then_headings():
+    catalogue = load_catalogue()
+    chapter = sorted(catalogue)[2]
+    number = int(chapter[:2])
+    named = nbformat.v4.new_notebook(metadata={"transformer_book": {"chapter": chapter}})
+    assert grade.find_chapter(named, Path("anything.ipynb"), catalogue) == chapter
+    blank = nbformat.v4.new_notebook()
+    assert grade.find_chapter(blank, Path(f"alice_{chapter}.ipynb"), catalogue) == chapter
+    headed = nbformat.v4.new_notebook(cells=[md(f"### Exercise {number}.1: Extend: x"), md(f"Exercise {number}.2")])
+    assert grade.find_chapter(headed, Path("alice.ipynb"), catalogue) == chapter
+    assert grade.find_chapter(blank, Path("alice.ipynb"), catalogue) is None
+
+
+# ---------------------------------------------------------------- executing submissions (a kernel each)
+
+
+@pytest.mark.notebooks
+def test_a_class_of_submissions_is_graded_and_each_failure_is_named(tmp_path, fake_catalogue):
+    right = write(tmp_path, "right.ipynb", notebook("def double(x):\n    return 2 * x", "check_double(double)",
+                                                   "guess = 42", "check_guess(guess)"))  # fmt: skip
+    unanswered = write(tmp_path, "unanswered.ipynb", notebook("def double(x):\n    ...  # your code here",
+                       "check_double(double)", "guess = ...", "check_guess(guess)"))  # fmt: skip
+    crashing_cell = write(tmp_path, "error.ipynb", notebook("undefined_name", "def double(x):\n    return x + x",
+                          "check_double(double)", "check_guess(41)"))  # fmt: skip
+    looping = write(tmp_path, "loop.ipynb", notebook("check_double(lambda x: 2 * x)", "while True:\n    pass",
+                                                     "check_guess(42)"))  # fmt: skip
+    dying = write(tmp_path, "dies.ipynb", notebook("check_double(lambda x: 2 * x)", "import os\nos._exit(1)"))
+    deleted = write(tmp_path, "deleted.ipynb", notebook("x = 1"))
+    unknown = write(tmp_path, "unknown.ipynb", notebook("x = 1", chapter=None))
+    broken = tmp_path / "broken.ipynb"
+    broken.write_text("{ not json")
+
+    rows = {}
+    for path in (right, unanswered, crashing_cell, looping, dying, deleted, unknown, broken):
+        rows[path.name] = by_exercise(grade.grade_notebook(path, timeout_s=20))
+
+    assert all(r.passed for r in rows["right.ipynb"].values()) and len(rows["right.ipynb"]) == 2
+    assert all("not answered yet" in r.feedback and not r.passed for r in rows["unanswered.ipynb"].values())
+    error = rows["error.ipynb"]  # the cell that raised costs nothing else
+    assert error["Exercise 99.1"].passed and not error["Exercise 99.2"].passed
+    assert "expected 42, got 41" in error["Exercise 99.2"].feedback
+    assert "cell 1: NameError" in error[grade.NOTEBOOK_ROW].feedback
+    loop = rows["loop.ipynb"]
+    assert loop["Exercise 99.1"].passed and "ran out of time (20 s)" in loop["Exercise 99.2"].feedback
+    assert "ran out of time" in loop[grade.NOTEBOOK_ROW].feedback
+    dies = rows["dies.ipynb"]
+    assert dies["Exercise 99.1"].passed and "the kernel died" in dies["Exercise 99.2"].feedback
+    assert "never called" in rows["deleted.ipynb"]["Exercise 99.1"].feedback
+    assert "no checker was called" in rows["deleted.ipynb"][grade.NOTEBOOK_ROW].feedback
+    assert "cannot tell which chapter" in rows["unknown.ipynb"][grade.NOTEBOOK_ROW].feedback
+    assert "not a readable notebook" in rows["broken.ipynb"][grade.NOTEBOOK_ROW].feedback
+
+
+@pytest.mark.notebooks
+def test_printed_text_cannot_fake_a_pass(tmp_path, fake_catalogue):
+    faker = write(tmp_path, "faker.ipynb", notebook("print('check_double: All 1 checks passed.')",
+                                                    "check_double(lambda x: x)"))  # fmt: skip
+    rows = by_exercise(grade.grade_notebook(faker, timeout_s=20))
+    assert not rows["Exercise 99.1"].passed and "expected 6, got 3" in rows["Exercise 99.1"].feedback
+
+
+@pytest.mark.notebooks
+def test_the_command_line_prints_a_table_and_writes_the_csv(tmp_path):
+    """`python -m transformer_lib.grade` on a real chapter's Colab copy, unanswered: 0 everywhere."""
+    chapter = sorted(load_catalogue())[0]
+    submission = tmp_path / f"{chapter}.ipynb"
+    submission.write_bytes((ROOT / "colab" / f"{chapter}.ipynb").read_bytes())
+    out = tmp_path / "grades.csv"
+    done = subprocess.run(
+        [sys.executable, "-m", "transformer_lib.grade", str(submission), "--csv", str(out), "--timeout", "300"],
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert done.returncode == 0, done.stderr
+    with open(out, newline="") as f:
+        rows = list(csv.DictReader(f))
+    checked = [e for e in load_catalogue()[chapter] if e.checkers]
+    assert list(rows[0]) == ["notebook", "exercise", "passed", "feedback"]
+    assert [r["exercise"] for r in rows] == [f"Exercise {e.number}" for e in checked]  # no notebook problem
+    assert all(r["passed"] == "False" for r in rows)
+    assert f"0/{len(checked)} auto-checked exercises passed" in done.stdout
+
+
+def test_the_command_line_refuses_a_bad_timeout(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "transformer_lib.grade", "x.ipynb", "--timeout", "0"], capture_output=True, text=True
+    )
+    assert done.returncode == 2 and "--timeout must be a positive number of seconds, got 0" in done.stderr
+
+
+def test_the_csv_has_the_four_columns(tmp_path):
+    rows = [grade.Row("a.ipynb", "Exercise 1.1", True, 'ok, "quoted"\nand a new line')]
+    grade.write_csv(rows, tmp_path / "g.csv")
+    with open(tmp_path / "g.csv", newline="") as f:
+        assert list(csv.reader(f)) == [
+            ["notebook", "exercise", "passed", "feedback"],
+            ["a.ipynb", "Exercise 1.1", "True", 'ok, "quoted"\nand a new line'],
+        ]
