@@ -211,6 +211,7 @@ def test_colab_copy_has_no_solutions_and_no_myst(path):
 def test_colab_markup_becomes_markdown_with_links_to_the_book():
     converter = make_colab.Converter(ROOT)
     converter.numbers = {"ex-x": "3.2"}
+    converter.labels["ex-x"] = ("chapters/03_x.html", "Exercise 3.2")
     book = make_colab.book_url(ROOT)
     text = converter.markdown(
         "As {cite:t}`vaswani2017attention` show {cite:p}`vaswani2017attention,ba2016layer`, a {term}`head <Head>`.\n\n"
@@ -220,10 +221,12 @@ def test_colab_markup_becomes_markdown_with_links_to_the_book():
     assert f"[Vaswani et al. (2017)]({book}book/bibliography.html)" in text
     assert f"([Vaswani et al., 2017]({book}book/bibliography.html); [Ba et al., 2016]" in text
     assert f"[head]({book}book/glossary.html#term-Head)" in text
-    assert "### Exercise 3.2: Extend: a thing\n\nDo it, see [Exercise 3.2](" in text
+    assert f"### Exercise 3.2: Extend: a thing\n\nDo it, see [Exercise 3.2]({book}chapters/03_x.html#ex-x)." in text
     assert "> **Warning**\n>\n> Careful." in text and "(classroom)=" not in text and "## Teaching" in text
     with pytest.raises(SystemExit, match="no Markdown form for the \\{figure\\} directive"):
         converter.markdown("```{figure} x.png\n```\n")
+    with pytest.raises(SystemExit, match="label 'ex-nowhere' is defined nowhere in the book"):
+        converter.markdown("{ref}`ex-nowhere`")
     with pytest.raises(SystemExit, match="'nobody2020' is not in book/references.bib"):
         converter.markdown("{cite:p}`nobody2020`")
 

@@ -186,7 +186,19 @@ def test_the_command_line_prints_a_table_and_writes_the_csv(tmp_path):
     assert list(rows[0]) == ["notebook", "exercise", "passed", "feedback"]
     assert [r["exercise"] for r in rows] == [f"Exercise {e.number}" for e in checked]  # no notebook problem
     assert all(r["passed"] == "False" for r in rows)
+    for row, e in zip(rows, checked, strict=True):  # a starter left as `...` is "not answered yet"; a bug is named
+        says = "not answered yet" if e.kind != "Spot the bug" else "Hint:"
+        assert says in row["feedback"], (e.number, row["feedback"])
     assert f"0/{len(checked)} auto-checked exercises passed" in done.stdout
+
+
+@pytest.mark.notebooks
+def test_the_chapter_with_its_solutions_gets_full_marks(tmp_path):
+    chapter = sorted(load_catalogue())[0]
+    rows = grade.grade_notebook(ROOT / "chapters" / f"{chapter}.ipynb", timeout_s=300)
+    checked = [e for e in load_catalogue()[chapter] if e.checkers]
+    assert [r.exercise for r in rows] == [f"Exercise {e.number}" for e in checked]  # no (notebook) row
+    assert all(r.passed for r in rows), [r for r in rows if not r.passed]
 
 
 def test_the_command_line_refuses_a_bad_timeout(tmp_path):

@@ -21,7 +21,10 @@ Two layers. The core is tensors in, tensors out, one module per idea:
 - ``_validate``: the input checks every entry point runs once
 
 The notebook layer, ``transformer_lib.notebook``, holds what only the chapters need (exercise
-checkers, widgets, attention views, plots, the speed race); the core never imports it.
+checkers, widgets, attention views, plots, the speed race, the classroom grader); the core never
+imports it. One command line sits at the top for brevity and belongs to that layer:
+
+- ``grade``: ``python -m transformer_lib.grade SUBMISSION.ipynb ...`` runs ``transformer_lib.notebook.grade``
 """
 
 from importlib.metadata import PackageNotFoundError, version

@@ -3,7 +3,8 @@
 Nothing in the core (``transformer_lib.*`` outside this package) imports from here.
 
 - ``environment``: ``describe_environment`` (every chapter's first cell), ``in_book_build``
-- ``exercises``: the exercise checkers, one module per chapter (``check_attention``, ...)
+- ``exercises``: the exercise checkers, one module per chapter (``check_softmax``, ...), and their catalogue
+- ``grade``: the classroom grader, ``python -m transformer_lib.grade`` (executes notebooks, collects results)
 - ``widgets``: ``explore``, one control and an immediate picture, also in the HTML book
 - ``viz``: bertviz ``head_view``/``model_view`` that render offline in the book
 - ``plots``: ``plot_attention_grid``, ``plot_history``, ``LivePlot`` (a ``Trainer`` callback)

@@ -9,61 +9,76 @@ most ``_framework.CASE_TIMEOUT_SECONDS`` (10 s) for the answer, so an infinite l
 the case instead of hanging the notebook. A checker leaves the reader's random streams
 (torch, ``random``, NumPy) as it found them.
 When a case fails, the checker compares the answer with the classic bugs that popular
-tutorials ship (a missing 1/sqrt(d_k), softmax over the wrong axis, an inverted mask, a
-masked diagonal, the batch mixed into or flattened into the head split, keys reshaped with
-the query's length, sine and cosine swapped or in halves, RoPE rotating dimension i with
-i + d/2 instead of its neighbour, a LayerNorm over the batch axis, with the unbiased
-variance or eps outside the square root) and names the one it recognises.
+tutorials ship (a softmax normalised over the wrong axis or by the whole tensor's maximum, a
+mask with PyTorch's "True = blocked" polarity or padding on the query axis, the batch mixed
+into the head split, keys reshaped with the query's length, the positional-encoding exponent
+typo, a LayerNorm with the unbiased std, eps outside the root or one scalar gain, the
+normalised input on the skip path, a decoder fed the source, a BPE encoder that merges the
+most frequent pair) and names the one it recognises.
+
+An answer still as the starter cell left it gets "not answered yet"; ``@checker(answer="value")``
+checks a prediction (a number) instead of a function; every call is recorded for the grader
+(:mod:`transformer_lib.notebook.grade`). :mod:`.catalogue` lists every chapter's exercises.
 
 - ``_framework``: :class:`CheckResult`, :class:`Bug`, the case runner :class:`Checker` and ``@checker``
-- ``ch01_attention``: ``check_attention``, ``check_softmax``
-- ``ch02_masking``: ``check_causal_mask``, ``check_padding_mask``, ``check_prefix_lm_mask``
-- ``ch03_multi_head_attention``: ``check_split_heads``, ``check_multi_head_attention``
-- ``ch04_positional_encoding``: ``check_sinusoidal_encoding``, ``check_rope``
-- ``ch05_norms_and_residuals``: ``check_layer_norm``, ``check_rms_norm``, ``check_pre_ln_block``
-- ``ch06_encoder_decoder``: ``check_shift_right``, ``check_decoder_layer``, ``check_label_smoothing``
-- ``ch07_decoder_only``: ``check_top_k_filter``, ``check_top_p_filter``, ``check_generate_cached``,
-  ``check_swiglu_hidden``, ``check_encode_word``
+- ``ch01_attention``: ``check_softmax``, ``check_score_std``, ``check_distance_attention``
+- ``ch02_masking``: ``check_decoder_mask``, ``check_cheating_positions``, ``check_packed_mask``
+- ``ch03_multi_head_attention``: ``check_split_heads``, ``check_multi_head_attention``, ``check_attention_crossover``
+- ``ch04_positional_encoding``: ``check_sinusoidal_encoding``, ``check_rope_permutation``, ``check_alibi_share``,
+  ``check_alibi``
+- ``ch05_norms_and_residuals``: ``check_layer_norm_module``, ``check_pre_ln_block``, ``check_stream_growth``,
+  ``check_running_stats``
+- ``ch06_encoder_decoder``: ``check_teacher_forcing_loss``, ``check_smoothed_loss``, ``check_beam_step``
+- ``ch07_decoder_only``: ``check_encode_word``, ``check_swiglu_hidden``, ``check_kv_cache_bytes``,
+  ``check_gqa_step``
 """
 
 from ._framework import Bug, Checker, CheckResult, checker
-from .ch01_attention import check_attention, check_softmax
-from .ch02_masking import check_causal_mask, check_padding_mask, check_prefix_lm_mask
-from .ch03_multi_head_attention import check_multi_head_attention, check_split_heads
-from .ch04_positional_encoding import check_rope, check_sinusoidal_encoding
-from .ch05_norms_and_residuals import check_layer_norm, check_pre_ln_block, check_rms_norm
-from .ch06_encoder_decoder import check_decoder_layer, check_label_smoothing, check_shift_right
-from .ch07_decoder_only import (
-    check_encode_word,
-    check_generate_cached,
-    check_swiglu_hidden,
-    check_top_k_filter,
-    check_top_p_filter,
+from .ch01_attention import check_distance_attention, check_score_std, check_softmax
+from .ch02_masking import check_cheating_positions, check_decoder_mask, check_packed_mask
+from .ch03_multi_head_attention import check_attention_crossover, check_multi_head_attention, check_split_heads
+from .ch04_positional_encoding import (
+    check_alibi,
+    check_alibi_share,
+    check_rope_permutation,
+    check_sinusoidal_encoding,
 )
+from .ch05_norms_and_residuals import (
+    check_layer_norm_module,
+    check_pre_ln_block,
+    check_running_stats,
+    check_stream_growth,
+)
+from .ch06_encoder_decoder import check_beam_step, check_smoothed_loss, check_teacher_forcing_loss
+from .ch07_decoder_only import check_encode_word, check_gqa_step, check_kv_cache_bytes, check_swiglu_hidden
 
 __all__ = [
     "Bug",
     "Checker",
     "CheckResult",
     "checker",
-    "check_attention",
     "check_softmax",
-    "check_causal_mask",
-    "check_padding_mask",
-    "check_prefix_lm_mask",
+    "check_score_std",
+    "check_distance_attention",
+    "check_decoder_mask",
+    "check_cheating_positions",
+    "check_packed_mask",
     "check_multi_head_attention",
     "check_split_heads",
-    "check_rope",
+    "check_attention_crossover",
     "check_sinusoidal_encoding",
-    "check_layer_norm",
+    "check_rope_permutation",
+    "check_alibi_share",
+    "check_alibi",
+    "check_layer_norm_module",
     "check_pre_ln_block",
-    "check_rms_norm",
-    "check_decoder_layer",
-    "check_label_smoothing",
-    "check_shift_right",
-    "check_top_k_filter",
-    "check_top_p_filter",
-    "check_generate_cached",
-    "check_swiglu_hidden",
+    "check_stream_growth",
+    "check_running_stats",
+    "check_teacher_forcing_loss",
+    "check_smoothed_loss",
+    "check_beam_step",
     "check_encode_word",
+    "check_swiglu_hidden",
+    "check_kv_cache_bytes",
+    "check_gqa_step",
 ]

@@ -464,7 +464,7 @@ def _not_answered(title: str, answer: str) -> CheckResult:
     where = (
         "write your function in the cell marked `# your code here`"
         if answer == "function"
-        else ("replace the `...` in the cell marked `# your code here` with your prediction")
+        else "replace the `...` in the cell marked `# your number here` with your prediction"
     )
     return CheckResult(f"{title}: {NOT_ANSWERED}: {where}, run that cell, then this one.", False, status="unanswered")
 

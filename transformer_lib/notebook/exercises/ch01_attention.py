@@ -1,4 +1,6 @@
-"""Chapter 1, attention: ``check_attention`` (scaled dot-product attention) and ``check_softmax``."""
+"""Chapter 1, attention: ``check_softmax`` (fix a much-copied softmax for rows of scores), ``check_score_std`` (a
+prediction: the spread of the scores of unscaled random projections) and ``check_distance_attention`` (attention
+that scores keys by their distance to the query)."""
 
 from __future__ import annotations
 
@@ -9,130 +11,258 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from ...attention import scaled_dot_product_attention
-from ...masks import causal_mask
 from ._framework import Bug, Checker, checker, line_that_raised, uses_dot_T
 
-__all__ = ["check_attention", "check_softmax"]
+__all__ = ["check_softmax", "check_score_std", "check_distance_attention"]
 
 
-def _attention_bugs(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> tuple[Bug, ...]:
-    d_k = q.shape[-1]
+# ---------------------------------------------------------------- Spot the bug: a much-copied softmax
 
-    def no_scale():
-        return scaled_dot_product_attention(q, k, v, mask, scale=1.0)
 
-    def wrong_axis():
-        scores = q @ k.transpose(-2, -1) / math.sqrt(d_k)
-        if mask is not None:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        w = torch.softmax(scores, dim=-2)
-        return w @ v, w
+def _no_nan(x: Tensor) -> Tensor:
+    """``x`` with NaN as 0: the case runner compares an answer, its NaN made 0, with each bug's value."""
+    return x.nan_to_num(0.0, posinf=float("inf"), neginf=float("-inf"))
 
-    bugs = [
-        Bug(no_scale, "the scores are not scaled: divide q @ k^T by sqrt(d_k) before the softmax."),
-        Bug(
-            lambda: scaled_dot_product_attention(q, k, v, mask, scale=1.0 / d_k),
-            "you divide by d_k; the scale is 1 / sqrt(d_k).",
-        ),
-        Bug(
-            wrong_axis,
-            "the softmax runs over the queries (dim=-2); each query's weights over the keys must sum to 1: use dim=-1.",
-        ),
-    ]
-    if mask is not None:
+
+def _softmax_bugs(x: Tensor) -> tuple[Bug, ...]:
+    """The snippet's two bugs (a global maximum, the sum over axis 0), together and alone, and their cousins."""
+
+    def normalised(e: Tensor, dim: int | None) -> Tensor:
+        return _no_nan(e / (e.sum() if dim is None else e.sum(dim=dim, keepdim=True)))
+
+    global_max, row_max = (x - x.max()).exp(), (x - x.max(dim=-1, keepdim=True).values).exp()
+    overflow = (
+        "exp of a large score overflows to inf, and inf / inf is NaN: subtract each row's maximum first "
+        "(softmax is unchanged by adding the same constant to every score of a row)."
+    )
+    axis = (
+        "the sum runs over axis 0, which fits scores stored one example per column: each COLUMN sums to 1; "
+        "each query's weights over the keys, the last axis, must sum to 1: e.sum(dim=-1, keepdim=True)"
+    )
+    everything = "e.sum() adds every entry; each row must sum to 1: e.sum(dim=-1, keepdim=True)"
+    maximum = (
+        "scores.max() is the maximum of the WHOLE tensor: a row far below it underflows to exp(...) = 0 "
+        "everywhere, and 0 / 0 is NaN; subtract each row's own maximum, scores.max(dim=-1, keepdim=True).values"
+    )
+    bugs = [Bug(lambda: normalised(x.exp(), -1), overflow)]
+    if x.dim() > 1:
+        bugs.append(Bug(lambda: normalised(global_max, 0), f"Two bugs: {axis}; and {maximum}."))
+    bugs.append(Bug(lambda: normalised(global_max, -1), maximum + "."))
+    if x.dim() > 1:
+        bugs += [
+            Bug(lambda: normalised(global_max, None), f"Two bugs: {everything}; and {maximum}."),
+            Bug(lambda: normalised(row_max, 0), axis + "."),
+            Bug(lambda: normalised(row_max, None), everything + "."),
+        ]
+    if x.dim() > 1 and x.shape[-1] == x.shape[-2]:
         bugs.append(
             Bug(
-                lambda: scaled_dot_product_attention(q, k, v, ~mask),
-                "the mask polarity is inverted: True means 'may attend', so fill -inf where the mask is False "
-                "(scores.masked_fill(~mask, float('-inf'))).",
+                lambda: row_max / row_max.sum(dim=-1),
+                "without keepdim=True the row sums, shape (..., T_q), broadcast along the LAST axis: key j is "
+                "divided by row j's sum. Keep the axis: e.sum(dim=-1, keepdim=True).",
             )
         )
     return tuple(bugs)
 
 
-_DOT_T_HINT = "use k.transpose(-2, -1) (not k.T) so that batch and head axes stay in front."
-
-
-def _attention_error_hint(error: Exception) -> str:
-    """The ``k.T`` hint only for the error ``k.T`` causes: the line that raised uses ``.T``, which on a
-    batched k reverses every axis and breaks the broadcast of q @ k.T (or, in later PyTorch, raises)."""
-    if uses_dot_T(line_that_raised(error)) or re.search(r"`?x\.T`? on tensors", str(error)):
-        return _DOT_T_HINT
-    return (
-        "the error comes from inside your function: check each step's shapes against q (..., T_q, d_k), "
-        "k (..., T_k, d_k), v (..., T_k, d_v) and mask (T_q, T_k), broadcast over the leading axes."
-    )
+def _softmax_error_hint(error: Exception) -> str:
+    if "must match the size" in str(error):
+        return (
+            "the row sums do not broadcast against the scores: sum with keepdim=True, e.sum(dim=-1, keepdim=True), "
+            "and take the maximum with keepdim=True too."
+        )
+    return ""
 
 
 @checker
-def check_attention(c: Checker, attention: Callable[..., tuple[Tensor, Tensor]]) -> None:
-    """Check ``attention(q, k, v, mask=None) -> (out, weights)``, scaled dot-product attention.
+def check_softmax(c: Checker, softmax: Callable[[Tensor], Tensor]) -> None:
+    """Check ``softmax(scores) -> weights`` over the last axis, numerically stable for every row.
 
-    Shapes: q (..., T_q, d_k), k (..., T_k, d_k), v (..., T_k, d_v), mask (True = may attend)
-        -> out (..., T_q, d_v), weights (..., T_q, T_k).
+    Shapes: scores (..., T_k) -> (..., T_k): no axis in front (one query), or any number of them.
     """
     g = torch.Generator().manual_seed(0)
-    cases = [
-        ("one query, three keys (T_q=1, T_k=3, d_k=4)", (1, 3, 4, 4), None),
-        ("self-attention, batched with heads (2, 3, T=5, d_k=8)", (5, 5, 8, 8), None),
-        ("cross-attention: T_q=3 queries, T_k=7 keys, d_v=6", (3, 7, 16, 6), None),
-        ("large d_k=64, where the scale matters most", (4, 4, 64, 64), None),
-        ("with a causal mask (True = may attend)", (5, 5, 8, 8), causal_mask(5)),
-    ]
-    for name, (T_q, T_k, d_k, d_v), mask in cases:
-        lead = () if T_q == 1 else (2, 3)
-        q = torch.randn(*lead, T_q, d_k, generator=g)
-        k = torch.randn(*lead, T_k, d_k, generator=g)
-        v = torch.randn(*lead, T_k, d_v, generator=g)
-        expected = scaled_dot_product_attention(q, k, v, mask)
+    cases = (
+        ("the snippet's own example: one row (3.0, 1.0, 0.2)", torch.tensor([3.0, 1.0, 0.2])),
+        ("3 queries over 4 keys: scores (3, 4)", torch.randn(3, 4, generator=g)),
+        ("4 queries over 4 keys: scores (4, 4)", torch.randn(4, 4, generator=g)),
+        ("batch and heads: scores (2, 3, 4, 5)", torch.randn(2, 3, 4, 5, generator=g)),
+        (
+            "large scores, (1000, 1001, 1002) and (1000, 1003, 1001), do not overflow",
+            torch.tensor([[1000.0, 1001.0, 1002.0], [1000.0, 1003.0, 1001.0]]),
+        ),
+        (
+            "two queries whose scores lie far apart (unscaled scores at d_k=1024 have std 32)",
+            torch.tensor([[60.0, 70.0, 65.0], [-95.0, -45.0, -85.0]]),
+        ),
+    )
+    for name, scores in cases:
         c.case(
             name,
-            lambda q, k, v, mask=None: attention(q, k, v) if mask is None else attention(q, k, v, mask=mask),
-            expected,
-            bugs=_attention_bugs(q, k, v, mask),
-            hint="return (weights @ v, weights) with weights = softmax(q @ k.transpose(-2, -1) / sqrt(d_k), dim=-1).",
-            error_hint=_attention_error_hint,
-            inputs={"q": q, "k": k, "v": v} | ({} if mask is None else {"mask": mask}),
+            lambda scores: softmax(scores),
+            torch.softmax(scores, dim=-1),
+            bugs=_softmax_bugs(scores),
+            hint="e = (scores - scores.max(dim=-1, keepdim=True).values).exp(), then e / e.sum(dim=-1, keepdim=True).",
+            error_hint=_softmax_error_hint,
+            inputs={"scores": scores},
         )
 
 
-@checker
-def check_softmax(c: Checker, softmax: Callable[[Tensor, float], Tensor]) -> None:
-    """Check ``softmax(scores, temperature) -> weights`` over the last axis, numerically stable.
+# ---------------------------------------------------------------- Predict, then run: the spread of the scores
 
-    Shapes: scores (..., n) -> (..., n).
+SCORE_STD_SETUP = {"d_model": 64, "d_k": 16}
+"""The exercise's sizes: X (T, d_model) and W_q, W_k (d_model, d_k), every entry drawn from N(0, 1)."""
+
+
+def score_std(d_model: int, d_k: int, x_std: float = 1.0, w_std: float = 1.0) -> float:
+    """The standard deviation of the scaled score (x W_q)·(x' W_k) / sqrt(d_k) of two independent inputs.
+
+    An entry of q = x W_q is a sum of d_model products x_m w_m of independent terms: its variance is
+    d_model x_std² w_std², and the same holds for k. Given x and x', the d_k products q_i k_i are independent
+    (W_q and W_k are), so the score's variance is d_k (d_model x_std² w_std²)², and the scale divides it by d_k.
     """
-    x = torch.tensor([[1.0, 2.0, 3.0], [0.5, 0.5, -1.0]])
+    entry_variance = d_model * x_std**2 * w_std**2  # of one entry of q (and of k)
+    return math.sqrt(d_k * entry_variance**2 / d_k)
+
+
+@checker(answer="value")
+def check_score_std(c: Checker, prediction: float) -> None:
+    """Check ``prediction``, the standard deviation of the scaled scores q·k / sqrt(d_k) when q = x W_q and
+    k = x' W_k with x, x' of d_model = 64 and W_q, W_k of shape (64, 16), every entry drawn from N(0, 1)."""
+    d_model, d_k = SCORE_STD_SETUP["d_model"], SCORE_STD_SETUP["d_k"]
+    expected = score_std(d_model, d_k)
     c.case(
-        "temperature 1",
-        lambda scores: softmax(scores, 1.0),
-        torch.softmax(x, -1),
-        bugs=(Bug(lambda: torch.softmax(x, 0), "normalize over the last axis (dim=-1): each row must sum to 1."),),
-        hint="exp(x) / exp(x).sum(dim=-1, keepdim=True).",
-        inputs={"scores": x},
+        f"std of q·k / sqrt(d_k), d_model={d_model}, d_k={d_k}, unit-variance x and W",
+        lambda: prediction,
+        expected,
+        bugs=(
+            Bug(
+                lambda: 1.0,
+                "1 is the chapter's answer for q and k whose entries have variance 1. Here they do not: each "
+                "entry of q = x W_q is itself a sum of d_model products.",
+            ),
+            Bug(
+                lambda: math.sqrt(d_model),
+                f"sqrt(d_model) = {math.sqrt(d_model):g} is the std of one entry of q (or k). A score multiplies "
+                "an entry of q by one of k and sums d_k such products, then divides by sqrt(d_k).",
+            ),
+            Bug(
+                lambda: expected * math.sqrt(d_k),
+                "that is the std before the division by sqrt(d_k): the scaled scores are sqrt(d_k) times smaller.",
+            ),
+            Bug(lambda: expected**2, "that is the variance; the question asks for the standard deviation."),
+        ),
+        hint="apply the chapter's argument twice. An entry of q is a sum of d_model products of independent "
+        "unit-variance numbers, so its variance is d_model; the same for k. A score sums d_k products q_i k_i, "
+        "each of variance d_model · d_model, so its variance is d_k · d_model²; dividing by sqrt(d_k) leaves "
+        "d_model², a standard deviation of d_model.",
+        atol=0.1 * expected,
     )
-    c.case(
-        "temperature 0.5 sharpens",
-        lambda scores: softmax(scores, 0.5),
-        torch.softmax(x / 0.5, -1),
-        bugs=(Bug(lambda: torch.softmax(x * 0.5, -1), "divide the scores by the temperature, don't multiply."),),
-        hint="divide the scores by the temperature before the exponential.",
-        inputs={"scores": x},
+
+
+# ---------------------------------------------------------------- Extend: attention by distance
+
+
+def _squared_distances(q: Tensor, k: Tensor) -> Tensor:
+    """||q_i - k_j||² for every query and key: (..., T_q, d), (..., T_k, d) -> (..., T_q, T_k)."""
+    return (q[..., :, None, :] - k[..., None, :, :]).pow(2).sum(-1)
+
+
+def reference_distance_attention(q: Tensor, k: Tensor, v: Tensor, temperature: float = 1.0) -> tuple[Tensor, Tensor]:
+    """Attention with scores -||q_i - k_j||² / temperature: the nearest key gets the most weight."""
+    weights = torch.softmax(-_squared_distances(q, k) / temperature, dim=-1)
+    return weights @ v, weights
+
+
+def _distance_bugs(q: Tensor, k: Tensor, v: Tensor, temperature: float) -> tuple[Bug, ...]:
+    d2 = _squared_distances(q, k)
+
+    def attend(scores: Tensor, dim: int = -1):
+        def run():
+            weights = torch.softmax(scores, dim=dim)
+            return weights @ v, weights
+
+        return run
+
+    return (
+        Bug(
+            attend(d2 / temperature),
+            "the score grows with the distance, so the FARTHEST key wins: use minus the squared distance, "
+            "-||q - k||² / temperature.",
+        ),
+        Bug(
+            attend(-d2.sqrt() / temperature),
+            "that is minus the distance; the exercise scores with minus the SQUARED distance, ||q - k||² "
+            "(as a Gaussian kernel does), which is what ties it to the dot product.",
+        ),
+        Bug(attend(-d2 * temperature), "divide the scores by the temperature, don't multiply."),
+        Bug(
+            attend(q @ k.transpose(-2, -1) / temperature),
+            "those are dot-product scores q·k; this exercise scores a key by its distance to the query, "
+            "-||q - k||² / temperature.",
+        ),
+        Bug(
+            attend(-d2 / temperature, dim=-2),
+            "the softmax runs over the queries (dim=-2); each query's weights must sum to 1 over the keys: dim=-1.",
+        ),
     )
-    c.case(
-        "temperature 10 flattens",
-        lambda scores: softmax(scores, 10.0),
-        torch.softmax(x / 10.0, -1),
-        hint="divide the scores by the temperature before the exponential.",
-        inputs={"scores": x},
+
+
+def _distance_error_hint(error: Exception) -> str:
+    """The ``k.T`` hint for the error ``k.T`` causes on batched keys; else a reminder of the shapes."""
+    if uses_dot_T(line_that_raised(error)) or re.search(r"`?x\.T`? on tensors", str(error)):
+        return (
+            "k.T reverses ALL the axes of a batched k: use k.transpose(-2, -1) (or k.mT), which swaps only the "
+            "last two."
+        )
+    return (
+        "check each step's shapes: q (..., T_q, d), k (..., T_k, d), v (..., T_k, d_v), with any leading axes. "
+        "The pairwise differences need a new axis on each side: q[..., :, None, :] - k[..., None, :, :] is "
+        "(..., T_q, T_k, d)."
     )
-    big = torch.tensor([[1000.0, 1001.0, 1002.0]])
-    c.case(
-        "large scores (1000, 1001, 1002) do not overflow",
-        lambda scores: softmax(scores, 1.0),
-        torch.softmax(big, -1),
-        hint="exp(1000) overflows to inf and inf/inf is NaN: subtract the row's maximum first "
-        "(softmax is unchanged by adding a constant to every score).",
-        inputs={"scores": big},
-    )
+
+
+@checker
+def check_distance_attention(c: Checker, distance_attention: Callable[..., tuple[Tensor, Tensor]]) -> None:
+    """Check ``distance_attention(q, k, v, temperature) -> (out, weights)``, attention whose score for query i and
+    key j is -||q_i - k_j||² / temperature.
+
+    Shapes: q (..., T_q, d), k (..., T_k, d), v (..., T_k, d_v) -> out (..., T_q, d_v), weights (..., T_q, T_k).
+    """
+    g = torch.Generator().manual_seed(1)
+    keys = torch.tensor([[1.0, 0.1], [0.7, 0.7], [-0.7, 0.6], [-0.8, -0.4]])  # the chapter's four keys
+    cases = [  # name, q, k, v, temperature
+        ("one query, the chapter's four keys, temperature 1", torch.tensor([[1.0, 0.3]]), keys, keys, 1.0),
+        (
+            "3 queries, 5 keys, temperature 0.5",
+            torch.randn(3, 4, generator=g),
+            torch.randn(5, 4, generator=g),
+            torch.randn(5, 2, generator=g),
+            0.5,
+        ),
+        (
+            "a batch of 2: q (2, 4, 8), k (2, 6, 8), v (2, 6, 3), temperature 4",
+            torch.randn(2, 4, 8, generator=g),
+            torch.randn(2, 6, 8, generator=g),
+            torch.randn(2, 6, 3, generator=g),
+            4.0,
+        ),
+        (
+            "batch and heads: (2, 3, 5, 4), temperature 2",
+            torch.randn(2, 3, 5, 4, generator=g),
+            torch.randn(2, 3, 5, 4, generator=g),
+            torch.randn(2, 3, 5, 4, generator=g),
+            2.0,
+        ),
+    ]
+    for name, q, k, v, temperature in cases:
+        c.case(
+            name,
+            lambda q, k, v, temperature: distance_attention(q, k, v, temperature),
+            reference_distance_attention(q, k, v, temperature),
+            bugs=_distance_bugs(q, k, v, temperature),
+            hint="weights = softmax(-||q_i - k_j||² / temperature) over the keys (dim=-1); "
+            "return (weights @ v, weights).",
+            error_hint=_distance_error_hint,
+            atol=1e-4,  # ||q||² - 2 q·k + ||k||² and the direct differences round differently
+            inputs={"q": q, "k": k, "v": v, "temperature": temperature},
+        )

@@ -1,16 +1,26 @@
-"""Chapter 4, positional encoding: ``check_sinusoidal_encoding`` and ``check_rope``."""
+"""Chapter 4, positional encoding: ``check_sinusoidal_encoding`` (fix a NumPy table with the ``2 * i`` typo),
+``check_rope_permutation`` (convert RoPE weights from the half-split layout to the interleaved one),
+``check_alibi_share`` (a prediction: how much weight ALiBi's steepest and flattest heads keep nearby) and
+``check_alibi`` (ALiBi's bias for any number of heads, with a cache)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+from typing import Any
 
+import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
-from ...positional import RotaryEmbedding, sinusoidal_encoding
+from ...positional import RotaryEmbedding, alibi_bias, alibi_slopes, sinusoidal_encoding
 from ._framework import Bug, Checker, checker
 
-__all__ = ["check_sinusoidal_encoding", "check_rope"]
+__all__ = ["check_sinusoidal_encoding", "check_rope_permutation", "check_alibi_share", "check_alibi"]
+
+
+# ---------------------------------------------------------------- Spot the bug: the NumPy table's `2 * i`
 
 
 def _sinusoidal_variant(
@@ -34,10 +44,31 @@ def _sinusoidal_variant(
     return torch.stack([first, second], dim=-1).flatten(-2).float()  # interleaved: sin, cos, sin, cos, ...
 
 
+def _mixed_variant(max_len: int, d_model: int) -> Tensor:
+    """The chapter's loop: sine with exponent 2j/d, cosine with 2(j+1)/d, j = 0, 2, 4, ... the even dimension."""
+    pos = torch.arange(max_len, dtype=torch.float64)[:, None]
+    j = torch.arange(0, d_model, 2, dtype=torch.float64)
+    sin, cos = torch.sin(pos / 10000 ** (2 * j / d_model)), torch.cos(pos / 10000 ** (2 * (j + 1) / d_model))
+    return torch.stack([sin, cos], dim=-1).flatten(-2).float()
+
+
+def _as_tensor(table: Any) -> Any:
+    """A NumPy array as a tensor (the exercise's table is NumPy); anything else unchanged, for the feedback."""
+    return torch.from_numpy(np.ascontiguousarray(table)) if isinstance(table, np.ndarray) else table
+
+
+_TYPO_HINT = (
+    "the exponent is doubled: `2 * i` where i already steps through the even dimensions 0, 2, 4, ... (it IS the 2i "
+    "of the formula). That is the encoding with base 10000² = 10⁸: pairs still on the unit circle, dot products "
+    "still a function of the offset, but the slow half of the dimensions barely move. Use i / d_model when i is the "
+    "even dimension (or 2 * i / d_model when i counts the pairs 0, 1, 2, ...)."
+)
+
+
 @checker
-def check_sinusoidal_encoding(c: Checker, encoding: Callable[[int, int], Tensor]) -> None:
+def check_sinusoidal_encoding(c: Checker, encoding: Callable[[int, int], Any]) -> None:
     """Check ``encoding(max_len, d_model) -> PE`` of Vaswani et al.: PE[pos, 2i] = sin(pos / 10000^(2i/d_model)),
-    PE[pos, 2i+1] = cos(pos / 10000^(2i/d_model)).
+    PE[pos, 2i+1] = cos(pos / 10000^(2i/d_model)), as a NumPy array or a tensor.
 
     Shapes: returns (max_len, d_model).
     """
@@ -45,9 +76,16 @@ def check_sinusoidal_encoding(c: Checker, encoding: Callable[[int, int], Tensor]
     for max_len, d_model in ((10, 8), (50, 16), (100, 64)):
         c.case(
             f"max_len={max_len}, d_model={d_model}",
-            lambda n=max_len, d=d_model: encoding(n, d),
+            lambda n=max_len, d=d_model: _as_tensor(encoding(n, d)),
             sinusoidal_encoding(max_len, d_model),
             bugs=(
+                Bug(lambda n=max_len, d=d_model: v(n, d, exponent="4i/d"), _TYPO_HINT),
+                Bug(
+                    lambda n=max_len, d=d_model: _mixed_variant(n, d),
+                    "the chapter's loop: `2 * i` doubles the exponent (i already steps by 2), and the cosine uses "
+                    "2 * (i + 1), another frequency than its sine. Sine and cosine of a pair share one angle, "
+                    "pos / 10000^(i / d_model) with i = 0, 2, 4, ...",
+                ),
                 Bug(
                     lambda n=max_len, d=d_model: v(n, d, swap=True),
                     "sin and cos are swapped: the even dimensions 2i hold the sine, the odd ones 2i+1 the cosine.",
@@ -55,9 +93,8 @@ def check_sinusoidal_encoding(c: Checker, encoding: Callable[[int, int], Tensor]
                 Bug(
                     lambda n=max_len, d=d_model: v(n, d, concat=True),
                     "sin and cos in halves: the sines fill the first d_model/2 columns and the cosines the last "
-                    "d_model/2 (pe[:, :d_model//2] = sin, pe[:, d_model//2:] = cos, or torch.cat([sin, cos], -1)); "
-                    "the encoding interleaves them: dimension 2i is a sine and dimension 2i+1 the cosine of the "
-                    "same angle, pe[:, 0::2] = sin and pe[:, 1::2] = cos.",
+                    "d_model/2; the encoding interleaves them: dimension 2i is a sine and dimension 2i+1 the cosine "
+                    "of the same angle, pe[:, 0::2] = sin and pe[:, 1::2] = cos.",
                 ),
                 Bug(
                     lambda n=max_len, d=d_model: v(n, d, concat=True, swap=True),
@@ -66,13 +103,8 @@ def check_sinusoidal_encoding(c: Checker, encoding: Callable[[int, int], Tensor]
                 ),
                 Bug(
                     lambda n=max_len, d=d_model: v(n, d, exponent="i/d"),
-                    "the exponent is i/d_model; it is 2i/d_model, with i the index of the (sin, cos) pair "
-                    "(equivalently j/d_model with j = 0, 2, 4, ... the even dimension).",
-                ),
-                Bug(
-                    lambda n=max_len, d=d_model: v(n, d, exponent="4i/d"),
-                    "the exponent counts each pair twice: with j = 0, 2, 4, ... already even, use j/d_model, "
-                    "not 2j/d_model.",
+                    "the exponent is i/d_model with i the index of the pair; it is 2i/d_model (equivalently "
+                    "j/d_model with j = 0, 2, 4, ... the even dimension).",
                 ),
                 Bug(
                     lambda n=max_len, d=d_model: v(n, d, multiply=True),
@@ -84,83 +116,275 @@ def check_sinusoidal_encoding(c: Checker, encoding: Callable[[int, int], Tensor]
                 ),
                 Bug(lambda n=max_len, d=d_model: v(n, d, base=1000.0), "the base is 10000, not 1000."),
             ),
-            hint="angles = pos / 10000 ** (2i / d_model) for pos = 0 .. max_len-1 and i = 0 .. d_model/2 - 1; "
-            "pe[:, 0::2] = sin(angles), pe[:, 1::2] = cos(angles).",
+            hint="angles = pos / 10000 ** (j / d_model) for pos = 0 .. max_len-1 and the even dimensions "
+            "j = 0, 2, ..., d_model-2; pe[:, 0::2] = sin(angles), pe[:, 1::2] = cos(angles).",
         )
 
 
-def _rope_variant(
-    x: Tensor,
-    offset: int,
-    sign: float = 1.0,
-    halves: bool = False,
-    concat: bool = False,
-    exponent: str = "2i/d",
-    base: float = 10000.0,
-) -> Tensor:
-    """RoPE and its classic wrong versions (for the checker's bug list). Shapes: x (..., T, d_head) -> same."""
-    T, d_head = x.shape[-2], x.shape[-1]
-    pair = torch.arange(d_head // 2, dtype=torch.float64)
-    power = {"2i/d": 2 * pair / d_head, "i/d": pair / d_head}[exponent]
-    angles = torch.arange(offset, offset + T, dtype=torch.float64)[:, None] / base**power  # (T, d_head/2)
-    cos, sin = angles.cos().float(), sign * angles.sin().float()
-    if halves:
-        x1, x2 = x[..., : d_head // 2], x[..., d_head // 2 :]
-    else:
-        x1, x2 = x[..., 0::2], x[..., 1::2]
-    a, b = x1 * cos - x2 * sin, x1 * sin + x2 * cos
-    if halves or concat:
-        return torch.cat([a, b], dim=-1)
-    return torch.stack([a, b], dim=-1).flatten(-2)
+# ---------------------------------------------------------------- Extend: RoPE weights from the half-split layout
+
+
+def _to_interleaved(w: Tensor, n_heads: int) -> Tensor:
+    """The right answer: per head, rows (i, i + d_head/2) of the half-split layout become rows (2i, 2i + 1)."""
+    d_head = w.shape[0] // n_heads
+    return w.reshape(n_heads, 2, d_head // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+def _to_half_split(w: Tensor, n_heads: int) -> Tensor:
+    # the conversion the other way (Hugging Face's `permute` in convert_llama_weights_to_hf.py)
+    d_head = w.shape[0] // n_heads
+    return w.reshape(n_heads, d_head // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+def _whole_matrix(w: Tensor, n_heads: int) -> Tensor:
+    # the permutation over all d_model rows at once, as if there were one head
+    return _to_interleaved(w, 1)
+
+
+def _columns(w: Tensor, n_heads: int) -> Tensor:
+    # the input dimensions permuted instead of the output ones (a bias has none: this bug does not apply)
+    if w.dim() != 2 or w.shape[1] % (2 * n_heads):
+        raise ValueError("no columns to permute")
+    return _to_interleaved(w.T, n_heads).T
+
+
+def _rope_half_split(x: Tensor, base: float = 10000.0) -> Tensor:
+    """RoPE in the GPT-NeoX / Hugging Face Llama layout: dimension i turns with i + d_head/2.
+    Shapes: x (..., T, d_head) -> same."""
+    T, d_head = x.shape[-2:]
+    theta = base ** (-torch.arange(0, d_head, 2, dtype=torch.float64) / d_head)
+    angle = torch.arange(T, dtype=torch.float64)[:, None] * theta  # (T, d_head/2)
+    cos, sin = angle.cos().repeat(1, 2).to(x.dtype), angle.sin().repeat(1, 2).to(x.dtype)  # (T, d_head)
+    x1, x2 = x[..., : d_head // 2], x[..., d_head // 2 :]
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+def _rope_scores(x: Tensor, q: tuple[Tensor, Tensor], k: tuple[Tensor, Tensor], n_heads: int, rope: Callable) -> Tensor:
+    """Scores rope(q_h) . rope(k_h) of every head. Shapes: x (B, T, d_model) -> (B, n_heads, T, T)."""
+    B, T, _ = x.shape
+    q_heads = F.linear(x, *q).view(B, T, n_heads, -1).transpose(1, 2)  # (B, n_heads, T, d_head)
+    k_heads = F.linear(x, *k).view(B, T, n_heads, -1).transpose(1, 2)
+    return rope(q_heads) @ rope(k_heads).transpose(-2, -1)
+
+
+def _permutation_bugs(fn: Callable[[Callable[[Tensor, int], Tensor]], Tensor]) -> tuple[Bug, ...]:
+    """The wrong conversions, each applied by ``fn(convert)`` the way the case applies the answer."""
+    return (
+        Bug(
+            lambda: fn(_to_half_split),
+            "that is the conversion the other way, interleaved to halves (Hugging Face's `permute` for Meta's "
+            "checkpoints). Here row i of a head's first half and row i of its second half must become rows 2i and "
+            "2i + 1: view each head's rows as (2, d_head/2), transpose to (d_head/2, 2), flatten.",
+        ),
+        Bug(
+            lambda: fn(_whole_matrix),
+            "you interleave the two halves of all d_model rows at once. Each head has its own pairs (i, i + "
+            "d_head/2): reorder the rows inside every head, with a leading n_heads axis.",
+        ),
+        Bug(
+            lambda: fn(_columns),
+            "you reorder the columns. nn.Linear stores its weight as (out, in): the output dimensions, which "
+            "RoPE rotates, are the rows (the first axis).",
+        ),
+        Bug(
+            lambda: fn(lambda w, n_heads: w),
+            "the weights are unchanged: the two layouts pair different dimensions, so the same weights give "
+            "different scores (the chapter measured it).",
+        ),
+    )
 
 
 @checker
-def check_rope(c: Checker, rope: Callable[[Tensor, int], Tensor]) -> None:
-    """Check ``rope(x, offset) -> x rotated``: rotary position embedding with base 10000.
+def check_rope_permutation(c: Checker, to_interleaved: Callable[[Tensor, int], Tensor]) -> None:
+    """Check ``to_interleaved(w, n_heads)``: the weight (d_model, d_in) or bias (d_model,) of a query or key
+    projection trained with the half-split RoPE layout (dimension i of a head turns with i + d_head/2), its rows
+    reordered so that the interleaved layout (2i with 2i + 1, :class:`~transformer_lib.positional.RotaryEmbedding`)
+    gives the same attention scores.
 
-    The row t of ``x`` is at position m = offset + t; each pair (x[2i], x[2i+1]) turns by the angle
-    m * 10000^(-2i/d_head), as :class:`~transformer_lib.positional.RotaryEmbedding` does.
-
-    Shapes: x (..., T, d_head) -> (..., T, d_head).
+    Shapes: w (d_model, ...) -> (d_model, ...).
     """
     g = torch.Generator().manual_seed(4)
-    cases = (
-        ("one head, T=6, d_head=8", (1, 1, 6, 8), 0),
-        ("batch 2 x 3 heads, T=5, d_head=16", (2, 3, 5, 16), 0),
-        ("d_head=64, T=12 (slow and fast pairs)", (1, 2, 12, 64), 0),
-        ("offset=7: rows at positions 7, 8, 9, 10 (decoding with a cache)", (2, 2, 4, 8), 7),
-    )
-    v = _rope_variant
-    for name, shape, offset in cases:
-        x = torch.randn(*shape, generator=g)
-        expected = RotaryEmbedding(shape[-1], max_len=64)(x, offset)
+    for name, shape, n_heads in (
+        ("weight (8, 8), 1 head of d_head=8", (8, 8), 1),
+        ("weight (16, 12), 2 heads of d_head=8", (16, 12), 2),
+        ("bias (24,), 3 heads of d_head=8", (24,), 3),
+    ):
+        w = torch.randn(*shape, generator=g)
         c.case(
             name,
-            lambda x, offset: rope(x, offset),
+            lambda w, n_heads: to_interleaved(w, n_heads),
+            _to_interleaved(w, n_heads),
+            bugs=_permutation_bugs(lambda convert, w=w, n=n_heads: convert(w, n)),
+            hint="per head, the half-split rows are (x_0 .. x_{d/2-1}, y_0 .. y_{d/2-1}) and the interleaved ones "
+            "(x_0, y_0, x_1, y_1, ...): w.reshape(n_heads, 2, d_head // 2, ...).transpose(1, 2).reshape(w.shape).",
+            inputs={"w": w, "n_heads": n_heads},
+        )
+    # The end-to-end case: a half-split model's scores, and the library's RoPE on the converted projections.
+    d_model, n_heads, T = 24, 4, 7
+    d_head = d_model // n_heads
+    wq, bq, wk, bk = (torch.randn(*s, generator=g) / 4 for s in ((d_model, d_model), (d_model,)) * 2)
+    x = torch.randn(2, T, d_model, generator=g)
+    rotary = RotaryEmbedding(d_head, max_len=T)
+
+    def interleaved_scores(convert: Callable[[Tensor, int], Tensor], wq=wq, bq=bq, wk=wk, bk=bk) -> Tensor:
+        q = (convert(wq, n_heads), convert(bq, n_heads))
+        k = (convert(wk, n_heads), convert(bk, n_heads))
+        return _rope_scores(x, q, k, n_heads, rotary)
+
+    c.case(
+        f"scores of {n_heads} heads (d_head={d_head}) with the library's RotaryEmbedding == the half-split model's",
+        lambda wq, bq, wk, bk: interleaved_scores(to_interleaved, wq, bq, wk, bk),
+        _rope_scores(x, (wq, bq), (wk, bk), n_heads, _rope_half_split),
+        bugs=_permutation_bugs(interleaved_scores),
+        hint="convert the weights AND the biases of both projections, each head's rows separately.",
+        atol=1e-4,
+        inputs={"wq": wq, "bq": bq, "wk": wk, "bk": bk},
+    )
+
+
+# ---------------------------------------------------------------- Predict, then run: how far ALiBi's heads look
+
+ALIBI_SHARE_SETUP = {"n_heads": 8, "T": 64, "last": 5}
+"""8 heads (slopes 1/2 .. 1/256), a query at the last of 64 positions, the share of its weight on the last 5 keys."""
+
+
+def alibi_recent_share(n_heads: int, T: int, last: int) -> tuple[float, float]:
+    """With every raw score equal, the share of the weight that the query at position T - 1 puts on the ``last``
+    most recent keys (itself included), in the steepest and in the flattest head, from the library's bias."""
+    bias = alibi_bias(alibi_slopes(n_heads).double(), 1, T, offset=T - 1)[:, 0]  # (n_heads, T)
+    share = torch.softmax(bias, dim=-1)[:, -last:].sum(dim=-1)  # (n_heads,)
+    return share[0].item(), share[-1].item()
+
+
+@checker(answer="value")
+def check_alibi_share(c: Checker, prediction: tuple[float, float]) -> None:
+    """Check ``prediction = (steepest, flattest)``: with ALiBi's 8 heads and every raw score equal, the share of
+    its attention that the query at position 63 puts on the 5 most recent keys (positions 59 to 63), in head 0
+    (slope 1/2) and in head 7 (slope 1/256)."""
+    n_heads, T, last = (ALIBI_SHARE_SETUP[k] for k in ("n_heads", "T", "last"))
+    steep, flat = alibi_recent_share(n_heads, T, last)
+    slopes = alibi_slopes(n_heads).tolist()
+    two_numbers = "give two numbers, prediction = (share in head 0, share in head 7)."
+    atol = 0.03
+    for i, (head, expected) in enumerate(((0, steep), (n_heads - 1, flat))):
+        s = slopes[head]
+        r = math.exp(-s)
+        mistakes = (
+            (
+                last / T,
+                f"{last}/{T} is a head with no penalty at all. The bias is added to the scores before the "
+                "softmax: it multiplies the weight of a key d positions back by e^(-s d).",
+            ),
+            (
+                1 - r**last,
+                f"1 - e^(-{last} s) assumes endlessly many keys; there are {T}, so divide by the sum over "
+                f"them, 1 - e^(-{T} s), which matters when the slope is small.",
+            ),
+            (
+                1 - r,
+                f"that is the newest key alone, 1 - e^(-s). The {last} newest keys hold 1 - e^(-{last} s) of an "
+                "endless sequence of keys.",
+            ),
+        )
+        told_apart: list[tuple[float, str]] = []  # only the mistakes a prediction within the tolerance can tell apart
+        for value, why in mistakes:
+            if all(abs(value - other) > atol for other in (expected, *(v for v, _ in told_apart))):
+                told_apart.append((value, why))
+        c.case(
+            f"head {head}, slope 1/{round(1 / s)}: share on the last {last} of {T} keys",
+            lambda i=i: prediction[i],
             expected,
+            bugs=tuple(Bug(lambda value=value: value, why) for value, why in told_apart),
+            hint=f"the weights are proportional to e^(-s d) for the key d = 0 .. {T - 1} positions back, a "
+            f"geometric series with ratio r = e^(-s): the last {last} keys hold (1 - r^{last}) / (1 - r^{T}).",
+            error_hint=two_numbers,
+            atol=atol,
+        )
+
+
+# ---------------------------------------------------------------- Extend: ALiBi for any number of heads, with a cache
+
+
+def _powers(n: int) -> list[float]:
+    return [2.0 ** (-8.0 * (h + 1) / n) for h in range(n)]
+
+
+def _alibi_variant(
+    n_heads: int, T_q: int, T_k: int, slopes: str = "paper", offset: bool = True, sign: float = 1.0, causal=False
+) -> Tensor:
+    """ALiBi's bias and its wrong versions (for the checker's bug list). Shapes: -> (n_heads, T_q, T_k)."""
+    closest = 2 ** math.floor(math.log2(n_heads))
+    extra = n_heads - closest
+    s = {
+        "paper": lambda: _powers(closest) + _powers(2 * closest)[0::2][:extra],
+        "geometric": lambda: _powers(n_heads),
+        "first": lambda: _powers(closest) + _powers(2 * closest)[:extra],
+        "odd": lambda: _powers(closest) + _powers(2 * closest)[1::2][:extra],
+        "eight": lambda: [2.0 ** -(h + 1) for h in range(n_heads)],
+    }[slopes]()
+    i = torch.arange(T_k - T_q if offset else 0, (T_k - T_q if offset else 0) + T_q)[:, None]  # query positions
+    j = torch.arange(T_k)[None, :]  # key positions
+    bias = -sign * torch.tensor(s)[:, None, None] * (i - j)
+    if causal:
+        bias = bias.masked_fill(j > i, -math.inf)
+    return bias
+
+
+@checker
+def check_alibi(c: Checker, alibi: Callable[[int, int, int], Tensor]) -> None:
+    """Check ``alibi(n_heads, T_q, T_k) -> bias``: ALiBi's bias -s_h (i - j) for the T_q newest queries of a
+    sequence of T_k positions (query t at position i = T_k - T_q + t, key j = 0 .. T_k - 1), with the slopes s_h of
+    Press et al. for any number of heads; the entries j > i are left as they are (the causal mask hides them).
+
+    Shapes: returns (n_heads, T_q, T_k).
+    """
+    v = _alibi_variant
+    for name, n_heads, T_q, T_k in (
+        ("8 heads, T_q = T_k = 5 (the chapter's table)", 8, 5, 5),
+        ("6 heads: not a power of two", 6, 4, 4),
+        ("12 heads, 1 new query after 6 cached keys", 12, 1, 7),
+        ("3 heads, 3 new queries, 8 keys", 3, 3, 8),
+    ):
+        c.case(
+            name,
+            lambda h=n_heads, q=T_q, k=T_k: alibi(h, q, k),
+            alibi_bias(alibi_slopes(n_heads), T_q, T_k, offset=T_k - T_q),
             bugs=(
                 Bug(
-                    lambda x=x, o=offset: v(x, o, sign=-1.0),
-                    "you rotate by -theta: the pair becomes (x1 cos + x2 sin, -x1 sin + x2 cos). Multiply by "
-                    "e^{+i m theta}: (x1 cos - x2 sin, x1 sin + x2 cos).",
+                    lambda a=(n_heads, T_q, T_k): v(*a, slopes="geometric"),
+                    "2^(-8 (h+1) / n) for every n is the rule for a power of two only. For other head counts the "
+                    "paper takes the slopes of the closest smaller power of two n', then every other slope of the "
+                    "sequence for 2 n' for the heads left.",
                 ),
                 Bug(
-                    lambda x=x, o=offset: v(x, o, halves=True),
-                    "you pair dimension i with i + d_head/2 (the 'rotate_half' layout of GPT-NeoX and Hugging "
-                    "Face Llama); this library pairs neighbours (2i, 2i+1), as in the RoFormer paper.",
+                    lambda a=(n_heads, T_q, T_k): v(*a, slopes="first"),
+                    "the heads beyond n' take EVERY OTHER slope of the 2 n' sequence ([0::2]), the ones that fall "
+                    "between the first n' slopes, not its first n - n' slopes.",
                 ),
                 Bug(
-                    lambda x=x, o=offset: v(x, o, concat=True),
-                    "right pairs, wrong output layout: the rotated pair i must go back to dimensions 2i and "
-                    "2i+1 (stack on a new last axis, then flatten), not first halves then second halves.",
+                    lambda a=(n_heads, T_q, T_k): v(*a, slopes="odd"),
+                    "[1::2] of the 2 n' sequence are the n' slopes again (duplicates); the new ones are [0::2].",
                 ),
                 Bug(
-                    lambda x=x, o=offset: v(x, o, exponent="i/d"),
-                    "the frequency of pair i is 10000^(-2i/d_head), not 10000^(-i/d_head).",
+                    lambda a=(n_heads, T_q, T_k): v(*a, slopes="eight"),
+                    "2^-(h+1) are the slopes of 8 heads; for n heads the ratio between slopes is 2^(-8/n).",
                 ),
-                Bug(lambda x=x: v(x, 0), "the offset is ignored: row t is at position offset + t."),
+                Bug(
+                    lambda a=(n_heads, T_q, T_k): v(*a, offset=False),
+                    "the queries are the newest T_q positions, i = T_k - T_q + t, not 0 .. T_q - 1: with a cache "
+                    "the new query comes after every cached key.",
+                ),
+                Bug(
+                    lambda a=(n_heads, T_q, T_k): v(*a, sign=-1.0),
+                    "the bias is a penalty: -s_h (i - j), negative for keys in the past.",
+                ),
+                Bug(
+                    lambda a=(n_heads, T_q, T_k): v(*a, causal=True),
+                    "return the bias alone: the entries with j > i stay -s_h (i - j) (positive); the causal mask "
+                    "hides them separately.",
+                ),
             ),
-            hint="theta_i = 10000 ** (-2i / d_head); angle = (offset + t) * theta_i; with x1, x2 = x[..., 0::2], "
-            "x[..., 1::2], the result interleaves x1 cos - x2 sin and x1 sin + x2 cos.",
-            inputs={"x": x, "offset": offset},
+            hint="slopes: for n' = 2^floor(log2 n), [2^(-8 (h+1) / n') for h < n'] plus [2^(-8 (h+1) / (2 n'))] "
+            "[0::2][: n - n']; i = arange(T_k - T_q, T_k)[:, None], j = arange(T_k)[None, :]; "
+            "bias = -slopes[:, None, None] * (i - j).",
         )

@@ -1,225 +1,245 @@
-"""Chapter 6, encoder-decoder: ``check_shift_right``, ``check_decoder_layer`` and ``check_label_smoothing``."""
+"""Chapter 6, encoder-decoder: ``check_teacher_forcing_loss`` (fix a training loss whose decoder reads the
+source), ``check_smoothed_loss`` (a prediction: the label-smoothed loss of a sure, right prediction),
+and ``check_beam_step`` (one step of beam search for a whole batch)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ...layers import DecoderLayer
-from ...masks import padding_mask
+from ...models import Seq2SeqTransformer
+from ...tasks import ALPHABETS, BOS, EOS, PAD, Seq2SeqTokenizer, seq2seq_loss
 from ._framework import Bug, Checker, checker
 
-__all__ = ["check_shift_right", "check_decoder_layer", "check_label_smoothing"]
+__all__ = ["check_teacher_forcing_loss", "check_smoothed_loss", "check_beam_step"]
+
+
+# ---------------------------------------------------------------- Spot the bug: a decoder that reads the source
+
+_SOURCE_FED_FIX = "The decoder reads the target shifted right: model.decode(tgt[:, :-1], memory, src)."
+_SOURCE_FED_HINT = (
+    "the decoder reads the source: model.decode(src, ...) embeds the source tokens on the decoder side, so the "
+    "target never enters the model and nothing is teacher-forced (its output is then cut to T positions 'so that "
+    "the shapes fit'). " + _SOURCE_FED_FIX
+)
+
+
+def _loss(logits: Tensor, labels: Tensor, ignore_pad: bool = True) -> Tensor:
+    return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=PAD if ignore_pad else -100)
+
+
+def _source_fed(model: Seq2SeqTransformer, src: Tensor, tgt: Tensor) -> Tensor:
+    T = tgt.shape[1] - 1
+    return _loss(model.decode(src, model.encode(src), src)[:, :T], tgt[:, 1:])
+
+
+def _teacher_forcing_error_hint(e: Exception) -> str:
+    text = str(e)
+    if "size" in text or "shape" in text or "match" in text:
+        return (
+            "the decoder gave fewer positions than there are labels: here the targets are longer than the sources, "
+            "and a decoder fed the source, decode(src, ...), has one position per SOURCE token. " + _SOURCE_FED_FIX
+        )
+    return ""
 
 
 @checker
-def check_shift_right(c: Checker, shift_right: Callable[[Tensor], tuple[Tensor, Tensor]]) -> None:
-    """Check ``shift_right(tgt) -> (decoder_input, labels)`` for teacher forcing.
+def check_teacher_forcing_loss(c: Checker, teacher_forcing_loss: Callable[..., Tensor]) -> None:
+    """Check ``teacher_forcing_loss(model, src, tgt)``, the teacher-forced cross-entropy of a
+    :class:`~transformer_lib.Seq2SeqTransformer`: equal to ``transformer_lib.tasks.seq2seq_loss(model, (src, tgt))``.
 
-    ``tgt`` holds ``<bos>`` (1), the target tokens, ``<eos>`` (2) and padding (0). The decoder
-    reads ``tgt[:, :-1]`` and is trained to predict ``tgt[:, 1:]``.
-
-    Shapes: tgt (B, T + 1) -> decoder_input (B, T), labels (B, T).
-    """
-    cases = (
-        ("one target, <bos> a b c <eos>", torch.tensor([[1, 5, 6, 7, 2]])),
-        ("a padded batch of two", torch.tensor([[1, 5, 6, 7, 8, 2], [1, 9, 10, 2, 0, 0]])),
-        ("a batch of three, one of them empty (<bos> <eos>)", torch.tensor([[1, 4, 2, 0], [1, 2, 0, 0], [1, 7, 7, 2]])),
-    )
-    for name, tgt in cases:
-        bos = torch.full_like(tgt[:, :1], 1)
-        bugs = (
-            Bug(
-                lambda tgt=tgt: (tgt, tgt),
-                "no shift: the decoder would read the very token it has to predict and learn to copy it. "
-                "Feed tgt[:, :-1] and predict tgt[:, 1:].",
-            ),
-            Bug(
-                lambda tgt=tgt: (tgt[:, 1:], tgt[:, :-1]),
-                "shifted the wrong way: the decoder input must start with <bos> (tgt[:, :-1]) and the labels "
-                "are the same sequence one step ahead (tgt[:, 1:]).",
-            ),
-            Bug(
-                lambda tgt=tgt, bos=bos: (torch.cat([bos, tgt[:, :-1]], dim=1), tgt),
-                "the labels start with <bos>: you prepended another <bos> to a target that already has one, so "
-                "the model is trained to predict <bos> first. The targets here already start with <bos>: "
-                "just drop the last token for the input and the first for the labels.",
-            ),
-            Bug(
-                lambda tgt=tgt: (tgt[:, :-1], tgt[:, :-1]),
-                "the labels equal the decoder input: position t must predict the NEXT token, tgt[:, 1:].",
-            ),
-            Bug(
-                lambda tgt=tgt: (tgt[:, :-2], tgt[:, 1:-1]),
-                "you dropped a token too many: the labels must keep the last column, with <eos>, "
-                "or the model never learns when to stop.",
-            ),
-        )
-        c.case(
-            name,
-            lambda tgt: shift_right(tgt),
-            (tgt[:, :-1], tgt[:, 1:]),
-            bugs=bugs,
-            hint="return tgt[:, :-1], tgt[:, 1:].",
-            inputs={"tgt": tgt},
-        )
-
-
-def _decoder_variant(
-    layer: Any,
-    x: Tensor,
-    memory: Tensor,
-    memory_mask: Tensor | None,
-    causal: bool = True,
-    self_on_memory: bool = False,
-    cross_on_x: bool = False,
-    norm_first: bool | None = None,
-    use_memory_mask: bool = True,
-) -> Tensor:
-    """A decoder layer computed from ``layer``'s parts, optionally with one of the classic mistakes."""
-    norm_first = layer.norm_first if norm_first is None else norm_first
-    mask = memory_mask if use_memory_mask else None
-
-    def self_attend(h: Tensor) -> Tensor:
-        if self_on_memory:
-            return layer.self_attn(h, memory, memory, mask=mask)
-        return layer.self_attn(h, h, h, is_causal=causal)
-
-    def cross_attend(h: Tensor) -> Tensor:
-        if cross_on_x:
-            return layer.cross_attn(h, h, h)
-        return layer.cross_attn(h, memory, memory, mask=mask)
-
-    for sublayer, norm in ((self_attend, layer.norm1), (cross_attend, layer.norm2), (layer.ff, layer.norm3)):
-        x = x + sublayer(norm(x)) if norm_first else norm(x + sublayer(x))
-    return x
-
-
-@checker
-def check_decoder_layer(c: Checker, decoder_layer: Callable[..., Tensor]) -> None:
-    """Check ``decoder_layer(layer, x, memory, memory_mask)``, a decoder layer's forward pass by hand.
-
-    ``layer`` is a :class:`~transformer_lib.layers.DecoderLayer` (no dropout); the answer must use its
-    parts (``self_attn``, ``cross_attn``, ``ff``, ``norm1..3``), honour ``layer.norm_first`` and equal
-    ``layer(x, memory, memory_mask=memory_mask, tgt_is_causal=True)``. A leak check changes the last
-    target position and requires every earlier output to stay the same.
-
-    Shapes: x (B, T, d_model), memory (B, S, d_model), memory_mask (B, 1, 1, S) or None -> (B, T, d_model).
+    ``tgt`` holds ``<bos>`` (1), the target tokens, ``<eos>`` (2) and padding (0). Shapes: src (B, S),
+    tgt (B, T + 1) -> a scalar.
     """
     torch.manual_seed(6)  # @checker restores the reader's random state afterwards
+    V = 12
+    model = Seq2SeqTransformer(V, V, d_model=16, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=32,
+                               dropout=0.0, max_len=32).eval()  # fmt: skip
     cases = (
-        ("Post-LN, B=2, T=5 target positions, S=7 source positions", False, False),
-        ("Post-LN, the second source padded (memory_mask)", False, True),
-        ("Pre-LN (layer.norm_first=True), with padding", True, True),
+        (
+            "sources longer than their targets (as in the dates task), padded",
+            torch.tensor([[5, 6, 7, 8, 9, 10, 11, 3, 4], [4, 4, 9, 3, 5, 0, 0, 0, 0], [7, 8, 9, 10, 0, 0, 0, 0, 0]]),
+            torch.tensor([[BOS, 3, 4, 5, EOS], [BOS, 6, 7, 8, EOS], [BOS, 9, 10, 11, EOS]]),
+        ),
+        (
+            "targets of different lengths: their padding must not count in the loss",
+            torch.tensor([[5, 6, 7, 8, 9, 10, 11, 3], [4, 4, 9, 3, 5, 6, 7, 0]]),
+            torch.tensor([[BOS, 3, 4, 5, 6, 7, EOS], [BOS, 8, EOS, PAD, PAD, PAD, PAD]]),
+        ),
+        (
+            "targets longer than their sources",
+            torch.tensor([[5, 6, 7, 8], [9, 10, 0, 0]]),
+            torch.tensor([[BOS, 3, 4, 5, 6, 7, 8, EOS], [BOS, 9, 10, 11, 3, 4, 5, EOS]]),
+        ),
     )
-    for name, norm_first, padded in cases:
-        layer = DecoderLayer(16, 4, 32, dropout=0.0, norm_first=norm_first).eval()
-        x, memory = torch.randn(2, 5, 16), torch.randn(2, 7, 16)
-        memory_mask = padding_mask(torch.tensor([[3] * 7, [3] * 4 + [0] * 3]), 0) if padded else None
+    for name, src, tgt in cases:
         with torch.no_grad():
-            expected = layer(x, memory, memory_mask=memory_mask, tgt_is_causal=True)
-            args = (layer, x, memory, memory_mask)
-            bugs = [
+            expected = seq2seq_loss(model, (src, tgt))
+            bugs = (
+                Bug(lambda src=src, tgt=tgt: _source_fed(model, src, tgt), _SOURCE_FED_HINT),
                 Bug(
-                    lambda a=args: _decoder_variant(*a, causal=False),
-                    "the self-attention is not causal: position t sees the target tokens after it, which at "
-                    "generation time do not exist yet. Pass is_causal=True (or a causal mask).",
+                    lambda src=src, tgt=tgt: _loss(model(src, tgt), tgt),
+                    "no shift: the decoder reads the very token it has to predict and learns to copy it. Feed "
+                    "tgt[:, :-1] and predict tgt[:, 1:].",
                 ),
                 Bug(
-                    lambda a=args: _decoder_variant(*a, self_on_memory=True),
-                    "the first attention reads the encoder output: self-attention takes its keys and values "
-                    "from x (the target so far); only cross-attention reads memory.",
+                    lambda src=src, tgt=tgt: _loss(model(src, tgt[:, 1:]), tgt[:, :-1]),
+                    "shifted the wrong way: the decoder's input starts with <bos> (tgt[:, :-1]) and the labels are "
+                    "the same sequence one step ahead (tgt[:, 1:]).",
                 ),
                 Bug(
-                    lambda a=args: _decoder_variant(*a, cross_on_x=True),
-                    "cross-attention attends to x: its queries come from x, but its keys and values come "
-                    "from the encoder output, memory.",
+                    lambda src=src, tgt=tgt: _loss(model(src, tgt[:, :-1]), tgt[:, :-1]),
+                    "the labels equal the decoder's input: position t must predict the NEXT token, tgt[:, 1:].",
                 ),
                 Bug(
-                    lambda a=args, nf=norm_first: _decoder_variant(*a, norm_first=not nf),
-                    f"you wrote {'Post-LN' if norm_first else 'Pre-LN'}, but this layer has "
-                    f"norm_first={norm_first}: Post-LN is x = norm(x + f(x)), Pre-LN x = x + f(norm(x)).",
+                    lambda src=src, tgt=tgt: _loss(model(src, tgt[:, :-1]), tgt[:, 1:], ignore_pad=False),
+                    "the padding labels count in the loss: pass ignore_index=PAD to the cross-entropy.",
                 ),
-            ]
-            if padded:
-                bugs.append(
-                    Bug(
-                        lambda a=args: _decoder_variant(*a, use_memory_mask=False),
-                        "cross-attention ignores memory_mask, so the target attends to the source's "
-                        "padding: pass mask=memory_mask to layer.cross_attn.",
-                    )
-                )
-            c.case(
-                name,
-                lambda layer, x, memory, memory_mask: decoder_layer(layer, x, memory, memory_mask),
-                expected,
-                bugs=tuple(bugs),
-                hint="three residual blocks in order: causal self-attention on x, cross-attention from x to "
-                "memory (with memory_mask), the feed-forward network; each with its norm, placed as "
-                "layer.norm_first says.",
-                atol=1e-4,
-                inputs={"layer": layer, "x": x, "memory": memory, "memory_mask": memory_mask},
             )
-    layer = DecoderLayer(16, 4, 32, dropout=0.0).eval()
-    x, memory = torch.randn(2, 6, 16), torch.randn(2, 7, 16)
-    changed = x.clone()
-    changed[:, -1] = torch.randn(2, 16) * 3  # a different last target token
-    with torch.no_grad():
-        expected = layer(x, memory, tgt_is_causal=True)[:, :-1]
         c.case(
-            "leak check: changing the last target position leaves the earlier outputs unchanged",
-            lambda layer, x, memory, memory_mask: decoder_layer(layer, x, memory, memory_mask)[:, :-1],
+            name,
+            lambda model, src, tgt: teacher_forcing_loss(model, src, tgt),
             expected,
-            hint="an earlier position's output changed when a later target token changed: the decoder can see "
-            "the future. Use a causal mask in the self-attention.",
+            bugs=bugs,
+            hint="encode the source once, decode the target shifted right, tgt[:, :-1], and compare the logits "
+            "with tgt[:, 1:], ignoring padding: F.cross_entropy(logits.flatten(0, 1), tgt[:, 1:].flatten(), "
+            "ignore_index=PAD).",
+            error_hint=_teacher_forcing_error_hint,
             atol=1e-4,
-            inputs={"layer": layer, "x": changed, "memory": memory, "memory_mask": None},
+            inputs={"model": model, "src": src, "tgt": tgt},
         )
 
 
-@checker
-def check_label_smoothing(c: Checker, smooth: Callable[[Tensor, int, float], Tensor]) -> None:
-    """Check ``smooth(targets, vocab_size, eps) -> (N, vocab_size)``, the label-smoothed target distribution.
+# ---------------------------------------------------------------- Predict, then run: a sure prediction, smoothed
 
-    As in ``F.cross_entropy(..., label_smoothing=eps)`` (Szegedy et al. 2016): ``(1 - eps)`` on the true
-    class plus ``eps / vocab_size`` on every class, so each row sums to 1.
+SMOOTHED_SETUP = {"margin": 20.0, "eps": 0.1, "vocab_size": Seq2SeqTokenizer(ALPHABETS["dates"]).vocab_size}
+"""The exercise's prediction: the right token's logit ``margin`` above all the others (every other logit
+equal), label smoothing ``eps``, over the vocabulary of the dates task (42 tokens)."""
 
-    Shapes: targets (N,) class ids -> (N, vocab_size).
+
+def smoothed_loss(margin: float, eps: float, vocab_size: int) -> float:
+    """``F.cross_entropy(..., label_smoothing=eps)`` for logits whose right token is ``margin`` above the others.
+
+    About eps (V - 1) / V · margin for a large margin: each of the V - 1 wrong tokens gets eps / V of the target
+    and a log-probability of about -margin.
     """
-    for targets, V, eps in (
-        (torch.tensor([0, 3]), 5, 0.1),
-        (torch.tensor([2, 2, 7, 11]), 12, 0.2),
-        (torch.tensor([1, 4]), 6, 0.0),
-    ):
-        one_hot = F.one_hot(targets, V).float()
-        name = f"{len(targets)} targets, vocab_size={V}, eps={eps}" + (" (no smoothing: one-hot)" if eps == 0 else "")
+    logits = torch.zeros(1, vocab_size, dtype=torch.float64)
+    logits[0, 0] = margin
+    return F.cross_entropy(logits, torch.tensor([0]), label_smoothing=eps).item()
+
+
+@checker(answer="value")
+def check_smoothed_loss(c: Checker, prediction: float) -> None:
+    """Check ``prediction``, the label-smoothed loss (eps = 0.1) of a prediction that is sure and right: the
+    right token's logit 20 above every other, over the 42-token vocabulary of chapter 6's dates task."""
+    margin, eps, V = SMOOTHED_SETUP["margin"], SMOOTHED_SETUP["eps"], SMOOTHED_SETUP["vocab_size"]
+    expected = smoothed_loss(margin, eps, V)
+    q_right = 1 - eps + eps / V
+    entropy = -(q_right * math.log(q_right) + (V - 1) * eps / V * math.log(eps / V))  # the loss at its minimum
+    c.case(
+        f"margin {margin:g}, eps={eps}, V={V}",
+        lambda: prediction,
+        expected,
+        bugs=(
+            Bug(
+                lambda: 0.0,
+                "that is the loss without smoothing (the right token's probability is 1 - 8e-8). The smoothed "
+                f"target also puts eps / V on each of the {V - 1} wrong tokens, whose log-probability here is "
+                f"about -{margin:g}.",
+            ),
+            Bug(
+                lambda: entropy,
+                "that is the LOWEST smoothed loss, the entropy of the target q, reached when the prediction equals q "
+                "(a margin of about 5.9). At a margin of 20 the model is far surer than q, and pays for it.",
+            ),
+            Bug(
+                lambda: (V - 1) * margin * eps,
+                f"each wrong token costs its target weight times {margin:g}, and that weight is eps / V, not eps: "
+                "together the wrong tokens hold eps (V - 1) / V of the target.",
+            ),
+        ),
+        hint=f"the loss is -sum_i q_i log p_i with q_i = eps / V for the {V - 1} wrong tokens. Their log-probability "
+        f"is about -{margin:g} (the right token takes almost all the probability), and the right token's is about "
+        f"0: the loss is about eps · (V - 1) / V · {margin:g}.",
+        atol=0.15,
+    )
+
+
+# ---------------------------------------------------------------- Extend: one beam-search step for a batch
+
+
+def _beam_step(scores: Tensor, logp: Tensor, k: int, offset_per_example: int | None = None, swap: bool = False):
+    """The right step, or with the row offset of another beam count, or with beam and token swapped."""
+    B, n = scores.shape
+    V = logp.shape[-1]
+    total = (scores[:, :, None] + logp.view(B, n, V)).view(B, n * V)  # every (beam, token) of an example
+    new_scores, flat = total.topk(k, dim=-1)  # (B, k), best first
+    beam, token = (flat % V, flat // V) if swap else (flat // V, flat % V)
+    step = n if offset_per_example is None else offset_per_example
+    return new_scores, torch.arange(B)[:, None] * step + beam, token
+
+
+@checker
+def check_beam_step(c: Checker, beam_step: Callable[..., tuple[Tensor, Tensor, Tensor]]) -> None:
+    """Check ``beam_step(scores, logp, k) -> (new_scores, rows, tokens)``, one step of beam search for a batch.
+
+    ``scores`` (B, n) are the cumulative log-probabilities of the n live beams of each example (-inf for a dead
+    one); ``logp`` (B n, V) the next-token log-probabilities the decoder gave for them, the rows of example b
+    being b n ... b n + n - 1. For each example, the ``k`` best one-token extensions, best first:
+    ``new_scores`` (B, k), ``rows`` (B, k) the row of ``logp`` each one extends, ``tokens`` (B, k) its token.
+    """
+    g = torch.Generator().manual_seed(8)
+    cases = (
+        ("the first step: one beam per example (n=1), B=2, k=3, V=7", 2, 1, 3, 7, "zero"),
+        ("a later step: n=3 beams with their scores, B=2, k=3, V=7", 2, 3, 3, 7, "random"),
+        ("the library's first step: k=3 beams, only the first alive (the others -inf), B=2", 2, 3, 3, 7, "dead"),
+        ("B=3 examples, n=2 beams, k=4 new beams, V=9", 3, 2, 4, 9, "random"),
+    )
+    for name, B, n, k, V, kind in cases:
+        logp = torch.randn(B * n, V, generator=g).mul(2).log_softmax(-1)
+        if kind == "zero":
+            scores = torch.zeros(B, n)
+        elif kind == "dead":
+            scores = torch.full((B, n), float("-inf"))
+            scores[:, 0] = 0.0
+        else:
+            scores = -torch.rand(B, n, generator=g).mul(3).sort(dim=-1).values  # best beam first
+        expected = _beam_step(scores, logp, k)
+        bugs = [
+            Bug(
+                lambda scores=scores, logp=logp, k=k: _beam_step(torch.zeros_like(scores), logp, k),
+                "you ranked the extensions by the new token's log-probability alone: a beam's score is the sum "
+                "over its whole prefix, scores[b, j] + logp[row, token].",
+            ),
+            Bug(
+                lambda scores=scores, logp=logp, k=k: _beam_step(scores, logp, k, offset_per_example=0),
+                "rows index the B n rows of logp (and of the caches, reordered with index_select): beam j of "
+                "example b is row b * n + j, not j.",
+            ),
+            Bug(
+                lambda scores=scores, logp=logp, k=k: _beam_step(scores, logp, k, swap=True),
+                "beam and token are swapped: in the row of n * V candidates of an example, entry f is beam f // V "
+                "and token f % V.",
+            ),
+        ]
+        if n != k:
+            bugs.append(
+                Bug(
+                    lambda scores=scores, logp=logp, k=k: _beam_step(scores, logp, k, offset_per_example=k),
+                    f"example b's beams are the rows b * n ... of logp, with n = {n} beams per example at this step "
+                    f"(scores.shape[1]), not k = {k}.",
+                )
+            )
         c.case(
             name,
-            lambda targets, vocab_size, eps: smooth(targets, vocab_size, eps),
-            (1 - eps) * one_hot + eps / V,
-            bugs=(
-                Bug(
-                    lambda o=one_hot, V=V, eps=eps: o + eps / V,
-                    "the rows sum to more than 1: take eps away from the true class, (1 - eps) * one_hot.",
-                ),
-                Bug(
-                    lambda o=one_hot, eps=eps: (1 - eps) * o,
-                    "the rows sum to less than 1: spread the eps you took away evenly, + eps / vocab_size.",
-                ),
-                Bug(
-                    lambda o=one_hot, V=V, eps=eps: (1 - eps) * o + eps / (V - 1) * (1 - o),
-                    "you spread eps over the other vocab_size - 1 classes; PyTorch's label_smoothing (and "
-                    "Szegedy et al.) spread it over all vocab_size classes, the true one included.",
-                ),
-                Bug(
-                    lambda o=one_hot, V=V, eps=eps: eps * o + (1 - eps) / V,
-                    "eps and 1 - eps are swapped: the true class keeps most of the mass, 1 - eps.",
-                ),
-            ),
-            hint="(1 - eps) * F.one_hot(targets, vocab_size) + eps / vocab_size, as a float tensor.",
-            inputs={"targets": targets, "vocab_size": V, "eps": eps},
+            lambda scores, logp, k: beam_step(scores, logp, k),
+            expected,
+            bugs=tuple(bugs),
+            hint="add each beam's score to its row of logp, view the result as (B, n * V), take topk(k) per example; "
+            "entry f is beam f // V and token f % V, and beam j of example b is row b * n + j.",
+            inputs={"scores": scores, "logp": logp, "k": k},
         )

@@ -1,254 +1,128 @@
-"""Chapter 7, decoder-only models: sampling filters, generation with a KV cache, SwiGLU's width, BPE encoding.
+"""Chapter 7, decoder-only models: BPE encoding, SwiGLU's width, the size of a KV cache, a grouped-query cache.
 
-``check_top_k_filter``, ``check_top_p_filter``, ``check_generate_cached``, ``check_swiglu_hidden``,
-``check_encode_word``.
+``check_encode_word``, ``check_swiglu_hidden``, ``check_kv_cache_bytes`` (a prediction), ``check_gqa_step``.
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ... import sampling
+from ...attention import KVCache, MultiHeadAttention
 from ...masks import causal_mask
-from ...models import GPT, GPTConfig
 from ._framework import Bug, Checker, checker
 
-__all__ = [
-    "check_top_k_filter",
-    "check_top_p_filter",
-    "check_generate_cached",
-    "check_swiglu_hidden",
-    "check_encode_word",
-]
+__all__ = ["check_encode_word", "check_swiglu_hidden", "check_kv_cache_bytes", "check_gqa_step"]
 
 
-def _k_beyond_the_vocabulary_hint(error: Exception) -> str:
-    """The min(k, V) hint only for the error topk raises when k exceeds the vocabulary."""
-    if "out of range" in str(error):
-        return "k may be larger than the vocabulary: use min(k, logits.shape[-1])."
-    return ""
+# --------------------------------------------------------------------------- BPE: encoding with learned merges
 
 
-@checker
-def check_top_k_filter(c: Checker, top_k_filter: Callable[[Tensor, int], Tensor]) -> None:
-    """Check ``top_k_filter(logits, k)``: keep the ``k`` largest logits of each row, set the rest to -inf.
+def _encode_word(word: str, merges: list[tuple[str, str]], *, rule: str = "rank") -> list[str]:
+    """Split ``word`` into symbols and apply the merges, lowest rank first; or in one of three wrong ways.
 
-    Shapes: logits (B, V) -> (B, V).
+    ``rule="count"`` merges the pair most frequent in the word (ties: the first seen), the rule of training;
+    ``"leftmost"`` the leftmost pair that has any merge; ``"once"`` applies each merge in turn, to its first
+    occurrence only.
     """
-    g = torch.Generator().manual_seed(4)
-    cases = (
-        ("one row, k=2", torch.tensor([[1.0, 3.0, 2.0, 0.0]]), 2),
-        ("a batch of 3 rows, k=5 of 10", torch.randn(3, 10, generator=g), 5),
-        ("k=1 is greedy", torch.randn(2, 6, generator=g), 1),
-        ("k larger than the vocabulary keeps everything", torch.randn(2, 4, generator=g), 10),
-    )
-    for name, logits, k in cases:
-        kth = logits.topk(min(k, logits.shape[-1]), dim=-1).values[..., -1:]
-        c.case(
-            name,
-            lambda logits, k: top_k_filter(logits, k),
-            sampling.top_k_filter(logits, k),
-            bugs=(
-                Bug(
-                    lambda logits=logits, kth=kth: logits.masked_fill(logits < kth, 0.0),
-                    "masked logits must become -inf, not 0: a logit of 0 still has probability e^0 / Z.",
-                ),
-                Bug(
-                    lambda logits=logits, kth=kth: logits.masked_fill(logits >= kth, float("-inf")),
-                    "the comparison is flipped: you removed the k best tokens and kept the rest.",
-                ),
-                Bug(
-                    lambda logits=logits, k=k: logits.masked_fill(
-                        logits < logits.flatten().topk(min(k, logits.numel())).values[-1], float("-inf")
-                    ),
-                    "the k-th largest value must be found per row (topk(..., dim=-1)), not over the whole batch.",
-                ),
-            ),
-            hint="kth = logits.topk(k, dim=-1).values[..., -1:]; logits.masked_fill(logits < kth, float('-inf')).",
-            error_hint=_k_beyond_the_vocabulary_hint,
-            inputs={"logits": logits, "k": k},
-        )
-
-
-@checker
-def check_top_p_filter(c: Checker, top_p_filter: Callable[[Tensor, float], Tensor]) -> None:
-    """Check ``top_p_filter(logits, p)``: keep the smallest set of most likely tokens whose probability reaches ``p``.
-
-    Shapes: logits (B, V) -> (B, V), dropped tokens set to -inf; the most likely token is always kept.
-    """
-    g = torch.Generator().manual_seed(5)
-    logits1 = torch.log(torch.tensor([[0.05, 0.5, 0.3, 0.15]]))
-    cases = (
-        ("probabilities (0.05, 0.5, 0.3, 0.15), p=0.7", logits1, 0.7),
-        ("same, p=0.5: the top token alone reaches p", logits1, 0.5),
-        ("same, p=0.3: the top token is kept even beyond p", logits1, 0.3),
-        ("a batch of 3 rows of 12, p=0.9", torch.randn(3, 12, generator=g) * 2, 0.9),
-        ("p=1.0 keeps everything", torch.randn(2, 5, generator=g), 1.0),
-    )
-
-    def exclusive_bug(logits: Tensor, p: float) -> Tensor:  # drops the token that crosses p
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
-        drop_sorted = sorted_logits.softmax(-1).cumsum(-1) > p
-        return logits.masked_fill(drop_sorted.scatter(-1, order, drop_sorted), float("-inf"))
-
-    def unsorted_bug(logits: Tensor, p: float) -> Tensor:  # cumulative sum in vocabulary order
-        probs = logits.softmax(-1)
-        return logits.masked_fill(probs.cumsum(-1) - probs >= p, float("-inf"))
-
-    for name, logits, p in cases:
-        c.case(
-            name,
-            lambda logits, p: top_p_filter(logits, p),
-            sampling.top_p_filter(logits, p),
-            bugs=(
-                Bug(
-                    lambda logits=logits, p=p: exclusive_bug(logits, p),
-                    "you drop the token that makes the total cross p; nucleus sampling keeps it (keep a token "
-                    "when the probability of the tokens ranked above it is still below p).",
-                ),
-                Bug(
-                    lambda logits=logits, p=p: unsorted_bug(logits, p),
-                    "sort the probabilities in descending order before the cumulative sum; in vocabulary "
-                    "order the 'nucleus' is arbitrary tokens.",
-                ),
-            ),
-            hint="sort descending, cumulative probabilities, drop a token when the mass ranked above it is >= p, "
-            "then scatter the drop mask back to vocabulary order.",
-            inputs={"logits": logits, "p": p},
-        )
-
-
-# --------------------------------------------------------------------------- generation with a KV cache
-
-
-def _cached_greedy(
-    model: GPT, idx: Tensor, n_new: int, *, offset: bool = True, top_left: bool = False, keep: bool = True
-) -> Tensor:
-    """Greedy generation with a hand-written cache for a GPT with learned positions, and its classic bugs.
-
-    ``offset=False``: the new token gets position 0's vector; ``top_left=True``: ``is_causal=True`` with one
-    query, so it sees only the first key; ``keep=False``: only the new token, without the earlier keys.
-
-    Shapes: idx (B, T0) -> (B, T0 + n_new).
-    """
-    cache: list[tuple[Tensor, Tensor] | None] = [None] * len(model.blocks)
-
-    def step(new: Tensor) -> Tensor:
-        B, T_new = new.shape
-        T_past = 0 if cache[0] is None else cache[0][0].shape[2]
-        start = T_past if offset else 0
-        h = model.tok_emb(new) + model.pos.weight[start : start + T_new]  # (B, T_new, d_model)
-        for i, block in enumerate(model.blocks):
-            attn = block.self_attn
-            a = block.norm1(h)
-            q, k, v = (
-                proj(a).view(B, T_new, attn.n_heads, attn.d_head).transpose(1, 2)  # (B, n_heads, T_new, d_head)
-                for proj in (attn.q_proj, attn.k_proj, attn.v_proj)
-            )
-            if keep and cache[i] is not None:
-                k = torch.cat([cache[i][0], k], dim=2)  # (B, n_heads, T_past + T_new, d_head)
-                v = torch.cat([cache[i][1], v], dim=2)
-            cache[i] = (k, v)
-            if top_left:
-                out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    rank = {pair: r for r, pair in enumerate(merges)}
+    symbols = list(word)
+    if rule == "once":
+        for pair in merges:
+            for i in range(len(symbols) - 1):
+                if (symbols[i], symbols[i + 1]) == pair:
+                    symbols[i : i + 2] = [pair[0] + pair[1]]
+                    break
+        return symbols
+    while len(symbols) > 1:
+        known = [p for p in zip(symbols, symbols[1:], strict=False) if p in rank]
+        if not known:
+            break
+        if rule == "count":
+            counts = Counter(known)
+            best = max(counts, key=counts.__getitem__)
+        else:
+            best = min(known, key=rank.__getitem__) if rule == "rank" else known[0]
+        merged, i = [], 0
+        while i < len(symbols):
+            if i + 1 < len(symbols) and (symbols[i], symbols[i + 1]) == best:
+                merged.append(best[0] + best[1])
+                i += 2
             else:
-                out = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(T_new, k.shape[2]))
-            h = h + attn.out_proj(out.transpose(1, 2).reshape(B, T_new, -1))  # (B, T_new, d_model)
-            h = h + block.ff(block.norm2(h))
-        return model.lm_head(model.norm_f(h[:, -1]))  # (B, vocab_size)
-
-    with torch.no_grad():
-        logits = step(idx)
-        for _ in range(n_new):
-            next_id = logits.argmax(dim=-1, keepdim=True)  # (B, 1)
-            idx = torch.cat([idx, next_id], dim=1)
-            logits = step(next_id)
-    return idx
+                merged.append(symbols[i])
+                i += 1
+        symbols = merged
+    return symbols
 
 
-def _small_gpt(seed: int, **sizes: int) -> GPT:
-    """A small classic GPT (learned positions) with large random weights, so that greedy choices are sharp."""
-    torch.manual_seed(seed)
-    model = GPT(GPTConfig(vocab_size=20, positional="learned", **sizes)).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.5)
-        model.pos.weight.mul_(4.0)  # positions that matter: a wrong position changes the greedy choice
-    return model
+_MERGES = [("h", "e"), ("t", "h"), ("Ġ", "t"), ("Ġt", "he"), ("l", "l"), ("i", "n"), ("in", "g"), ("e", "r"),
+           ("Ġ", "s"), ("ll", "ll"), ("e", "e"), ("Ġs", "ee"), ("a", "n"), ("n", "a"), ("b", "an")]  # fmt: skip
 
 
 @checker
-def check_generate_cached(c: Checker, generate_cached: Callable[[GPT, Tensor, int], Tensor]) -> None:
-    """Check ``generate_cached(model, idx, n_new)``: greedy generation feeding the prompt once, then one token
-    per step, with a key/value cache written by hand, for a GPT with learned positions.
+def check_encode_word(c: Checker, encode_word: Callable[[str, list[tuple[str, str]]], list[str]]) -> None:
+    """Check ``encode_word(word, merges)``: a word's BPE tokens, merging the earliest-learned known pair first.
 
-    Shapes: idx (B, T0) -> (B, T0 + n_new).
+    Shapes: word str (byte-level spelling), merges a list of pairs in the order they were learned -> list of
+    token strings.
     """
     cases = (
-        ("2 layers, 2 heads, a batch of 2 prompts of 4 tokens, 6 new", dict(n_layers=2, n_heads=2, d_model=16), 4, 6),
-        ("1 layer, 4 heads, a batch of 2 prompts of 3 tokens, 8 new", dict(n_layers=1, n_heads=4, d_model=32), 3, 8),
+        ("'the': 'h'+'e' was learned before 't'+'h'", "the"),
+        ("'Ġthe': merged symbols merge again", "Ġthe"),
+        ("'thethe': a pair that occurs twice", "thethe"),
+        ("'heeer': the most frequent pair, 'e'+'e', was learned late", "heeer"),
+        ("'banana': 'a'+'n' was learned before 'n'+'a'", "banana"),
+        ("'llll': every occurrence of a pair merges", "llll"),
+        ("'Ġseeing'", "Ġseeing"),
+        ("'Ġsinger'", "Ġsinger"),
+        ("'xyz': no merge applies", "xyz"),
+        ("'a': a single symbol", "a"),
     )
-    fed: list[int] = []  # positions entering the first block at each call, counted by a hook
-
-    def positions_fed(model: GPT, idx: Tensor, n_new: int) -> tuple[int, ...]:
-        fed.clear()
-        generate_cached(model, idx, n_new)
-        return tuple(fed[:n_new])  # feeding the last new token too is harmless
-
-    for i, (name, sizes, T0, n_new) in enumerate(cases):
-        model = _small_gpt(i, block_size=T0 + n_new + 1, **sizes)
-        idx = torch.randint(0, 20, (2, T0), generator=torch.Generator().manual_seed(10 + i))
-        expected = model.generate(idx, n_new, temperature=0, use_cache=False)
-        c.case(
-            f"{name}: the tokens of the uncached loop",
-            lambda model, idx, n_new: generate_cached(model, idx, n_new),
-            expected,
-            bugs=(
+    by_count = (
+        "you merge the pair that is most frequent in the word: that is the rule of *training*. Encoding replays "
+        "the learned merges in the order they were learned: among the word's adjacent pairs that have a merge, "
+        "take the one that comes earliest in merges."
+    )
+    leftmost = (
+        "merge the pair with the lowest rank (learned first) among the word's adjacent pairs, not the leftmost "
+        "pair that has a merge."
+    )
+    for name, word in cases:
+        counted, left = _encode_word(word, _MERGES, rule="count"), _encode_word(word, _MERGES, rule="leftmost")
+        order_bugs = (
+            (Bug(lambda w=word: _encode_word(w, _MERGES, rule="count"), by_count),)
+            + (Bug(lambda w=word: _encode_word(w, _MERGES, rule="leftmost"), leftmost),)
+            if counted != left
+            else (  # on this word the two wrong rules agree: name both
                 Bug(
-                    lambda m=model, x=idx, n=n_new: _cached_greedy(m, x, n, offset=False),
-                    "the new token sits at position T_past (the number of cached positions), not 0: add "
-                    "model.pos.weight[T_past : T_past + T_new], not the first rows of the table.",
+                    lambda w=word: _encode_word(w, _MERGES, rule="leftmost"),
+                    "you merge the leftmost pair that has a merge, or the most frequent one (on this word they "
+                    "coincide): the rule is the order the merges were learned. Among the word's adjacent pairs "
+                    "that have a merge, take the one that comes earliest in merges.",
                 ),
-                Bug(
-                    lambda m=model, x=idx, n=n_new: _cached_greedy(m, x, n, top_left=True),
-                    "with one query and T_past + 1 keys, is_causal=True (or a square causal mask) aligns the "
-                    "triangle to the top left and the new token sees only the first key. The new query may see "
-                    "every cached key: use causal_mask(T_new, T_past + T_new), aligned to the bottom right.",
-                ),
-                Bug(
-                    lambda m=model, x=idx, n=n_new: _cached_greedy(m, x, n, keep=False),
-                    "the new token attends only to itself: concatenate the cached keys and values in front of "
-                    "its own (torch.cat([k_past, k_new], dim=2)) before attending.",
-                ),
-            ),
-            hint="per layer, keep (k, v) of shape (B, n_heads, T_past, d_head); for new tokens, offset the "
-            "positions by T_past, append their k and v, and let them attend to all T_past + T_new keys.",
-            inputs={"model": model, "idx": idx, "n_new": n_new},
+            )
         )
-
-        counting = _small_gpt(i, block_size=T0 + n_new + 1, **sizes)
-        counting.blocks[0].norm1.register_forward_pre_hook(lambda module, args: fed.append(args[0].shape[1]))
-
         c.case(
-            f"{name}: the prompt once, then one token per step",
-            positions_fed,
-            (T0,) + (1,) * (n_new - 1),
+            name,
+            lambda word, merges: encode_word(word, merges),
+            _encode_word(word, _MERGES),
             bugs=(
+                *order_bugs,
                 Bug(
-                    lambda T0=T0, n=n_new: tuple(range(T0, T0 + n)),
-                    "each step runs the model on the whole sequence again: that is the loop without a cache. "
-                    "Feed only the newest token and let the cache supply the earlier keys and values.",
+                    lambda w=word: _encode_word(w, _MERGES, rule="once"),
+                    "a merge applies to every occurrence of its pair, and a merged symbol can merge again: repeat "
+                    "until no adjacent pair has a merge.",
                 ),
             ),
-            hint="the checker counts the positions that reach model.blocks[0].norm1 at each step: the prompt's T0 "
-            "positions once, then 1 per step. Run the blocks' own modules (block.norm1, block.self_attn's "
-            "projections, block.ff) on the new positions only.",
-            inputs={"model": counting, "idx": idx, "n_new": n_new},
+            hint="symbols = list(word); repeat: among the adjacent pairs that appear in merges, take the one with "
+            "the smallest index in merges, join all its occurrences left to right; stop when none is left.",
+            inputs={"word": word, "merges": list(_MERGES)},
         )
 
 
@@ -300,79 +174,217 @@ def check_swiglu_hidden(c: Checker, swiglu_hidden: Callable[[int, int], int]) ->
         )
 
 
-# --------------------------------------------------------------------------- BPE: encoding with learned merges
+# --------------------------------------------------------------------------- the size of a KV cache (a prediction)
+
+KV_MODEL = dict(n_layers=4, n_heads=4, d_model=128, n_kv_heads=2)
+"""The model of the prediction: the chapter's CPU size, with grouped-query attention (2 key/value heads)."""
+KV_DTYPE = torch.bfloat16
+"""The cache's number format in the prediction."""
 
 
-def _encode_word(word: str, merges: list[tuple[str, str]], *, by_rank: bool = True, once: bool = False) -> list[str]:
-    """Split ``word`` into symbols and apply the merges, lowest rank first; or two classic wrong ways.
+def kv_cache_bytes_per_token(n_layers: int, n_heads: int, d_model: int, n_kv_heads: int, dtype: torch.dtype) -> int:
+    """Bytes one token adds to a decoder's KV cache: a key and a value of ``n_kv_heads * d_head`` numbers per layer."""
+    d_head = d_model // n_heads
+    return 2 * n_layers * n_kv_heads * d_head * torch.tensor([], dtype=dtype).element_size()
 
-    ``by_rank=False`` merges the leftmost pair that has any merge; ``once=True`` applies each merge in turn,
-    to its first occurrence only.
+
+@checker(answer="value")
+def check_kv_cache_bytes(c: Checker, prediction: float) -> None:
+    """Check ``prediction``: the bytes per token of the KV cache of a 4-layer model with d_model 128, 4 query heads,
+    2 key/value heads (grouped-query attention), stored in bfloat16."""
+    m = KV_MODEL
+    expected = kv_cache_bytes_per_token(**m, dtype=KV_DTYPE)
+    full = kv_cache_bytes_per_token(m["n_layers"], m["n_heads"], m["d_model"], m["n_heads"], torch.float32)
+    half = kv_cache_bytes_per_token(**m, dtype=torch.float32)
+    c.case(
+        "bytes per token",
+        lambda: prediction,
+        float(expected),
+        bugs=(
+            Bug(
+                lambda: full,
+                "that is the chapter's own cache: 4 key/value heads in float32. Here only 2 heads keep keys and "
+                "values, and bfloat16 stores a number in 2 bytes instead of 4.",
+            ),
+            Bug(
+                lambda: half,
+                "you applied one of the two halvings, not both: 2 of the 4 heads keep keys and values "
+                f"({m['n_kv_heads']} x {m['d_model'] // m['n_heads']} numbers per layer instead of {m['d_model']}), "
+                "and bfloat16 takes 2 bytes per number, not float32's 4.",
+            ),
+            Bug(
+                lambda: expected // 2,
+                "a layer caches a key AND a value for each token: the factor 2.",
+            ),
+            Bug(
+                lambda: expected * 8,
+                "that is bits: a bfloat16 number takes 16 bits, 2 bytes.",
+            ),
+            Bug(
+                lambda: expected * 64,
+                "that is a full window of 64 tokens; the question is per token.",
+            ),
+        ),
+        hint="bytes per token = 2 (a key and a value) x n_layers x n_kv_heads x d_head x bytes per number, with "
+        "d_head = d_model / n_heads.",
+        atol=0.5,
+    )
+
+
+# --------------------------------------------------------------------------- a KV cache for grouped-query attention
+
+
+def _gqa_step(
+    attn: MultiHeadAttention,
+    x: Tensor,
+    cache: tuple[Tensor, Tensor] | None,
+    *,
+    expand: str = "interleave",
+    mask: str = "bottom_right",
+    keep: bool = True,
+    cache_expanded: bool = False,
+) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+    """One step of cached grouped-query self-attention, or one of its classic bugs.
+
+    ``expand="repeat"`` pairs query head h with key/value head ``h % n_kv_heads``; ``mask="top_left"`` uses
+    ``is_causal=True`` with more keys than queries, ``mask="none"`` no mask; ``keep=False`` drops the cached keys;
+    ``cache_expanded=True`` caches the keys and values after repeating them.
+
+    Shapes: x (B, T_new, d_model), cache (k, v) (B, n_kv_heads, T_past, d_head) -> out (B, T_new, d_model), cache.
     """
-    rank = {pair: r for r, pair in enumerate(merges)}
-    symbols = list(word)
-    if once:
-        for pair in merges:
-            for i in range(len(symbols) - 1):
-                if (symbols[i], symbols[i + 1]) == pair:
-                    symbols[i : i + 2] = [pair[0] + pair[1]]
-                    break
-        return symbols
-    while len(symbols) > 1:
-        pairs = [(symbols[i], symbols[i + 1]) for i in range(len(symbols) - 1)]
-        known = [p for p in pairs if p in rank]
-        if not known:
-            break
-        best = min(known, key=rank.__getitem__) if by_rank else known[0]
-        merged, i = [], 0
-        while i < len(symbols):
-            if i + 1 < len(symbols) and (symbols[i], symbols[i + 1]) == best:
-                merged.append(best[0] + best[1])
-                i += 2
-            else:
-                merged.append(symbols[i])
-                i += 1
-        symbols = merged
-    return symbols
+    n_rep = attn.n_heads // attn.n_kv_heads
+    T_new = x.shape[1]
+
+    def expanded(t: Tensor) -> Tensor:
+        return t.repeat(1, n_rep, 1, 1) if expand == "repeat" else t.repeat_interleave(n_rep, dim=1)
+
+    q = attn.split_heads(attn.q_proj(x))  # (B, n_heads, T_new, d_head)
+    k, v = attn.split_heads(attn.k_proj(x)), attn.split_heads(attn.v_proj(x))  # (B, n_kv_heads, T_new, d_head)
+    if cache_expanded:
+        k, v = expanded(k), expanded(v)
+    if keep and cache is not None:
+        k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)
+    k_all, v_all = (k, v) if cache_expanded else (expanded(k), expanded(v))  # (B, n_heads, T_k, d_head)
+    if mask == "top_left":
+        out = F.scaled_dot_product_attention(q, k_all, v_all, is_causal=True)
+    elif mask == "none":
+        out = F.scaled_dot_product_attention(q, k_all, v_all)
+    else:
+        out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=causal_mask(T_new, k.shape[2]))
+    return attn.out_proj(attn.merge_heads(out)), (k, v)
 
 
-_MERGES = [("h", "e"), ("t", "h"), ("Ġ", "t"), ("Ġt", "he"), ("l", "l"), ("i", "n"), ("in", "g"), ("e", "r"),
-           ("Ġ", "s"), ("ll", "ll"), ("e", "e"), ("Ġs", "ee")]  # fmt: skip
+def _feed(step: Callable[..., Any], attn: MultiHeadAttention, x: Tensor, chunks: tuple[int, ...]) -> tuple[Tensor, Any]:
+    """Run ``step(attn, x_new, cache)`` on ``x`` chunk by chunk, handing each call the cache the previous one
+    returned; return the outputs, concatenated along T, and the last cache."""
+    cache, outs, start = None, [], 0
+    for size in chunks:
+        result = step(attn, x[:, start : start + size], cache)
+        if not isinstance(result, tuple | list) or len(result) != 2:
+            raise TypeError(f"gqa_step must return a pair (out, (k, v)), got {type(result).__name__}")
+        out, cache = result
+        if not isinstance(cache, tuple | list) or len(cache) != 2:
+            raise TypeError(f"the cache must be a pair (k, v), got {type(cache).__name__}")
+        outs.append(out)
+        start += size
+    return torch.cat(outs, dim=1), tuple(cache)
+
+
+def _buggy(attn: MultiHeadAttention, x: Tensor, chunks: tuple[int, ...], part: int, **kind: Any) -> Callable[[], Any]:
+    """What a buggy ``gqa_step`` (see :func:`_gqa_step`) gives: its outputs (``part=0``) or its last cache (1)."""
+    return lambda: _feed(lambda a, xs, cache: _gqa_step(a, xs, cache, **kind), attn, x, chunks)[part]
+
+
+def _library_gqa(attn: MultiHeadAttention, x: Tensor, chunks: tuple[int, ...]) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+    """The library's answer: the whole sequence at once (outputs), and its KVCache filled chunk by chunk."""
+    cache, start = KVCache(), 0
+    for size in chunks:
+        attn(x[:, start : start + size], cache=cache, is_causal=True)
+        start += size
+    return attn(x, is_causal=True), (cache.k, cache.v)
 
 
 @checker
-def check_encode_word(c: Checker, encode_word: Callable[[str, list[tuple[str, str]]], list[str]]) -> None:
-    """Check ``encode_word(word, merges)``: a word's BPE tokens, merging the lowest-ranked known pair first.
+def check_gqa_step(c: Checker, gqa_step: Callable[..., tuple[Tensor, tuple[Tensor, Tensor]]]) -> None:
+    """Check ``gqa_step(attn, x, cache)``: causal self-attention of new positions with a key/value cache, for a
+    grouped-query ``MultiHeadAttention`` (``attn.n_kv_heads`` key/value heads, each shared by
+    ``attn.n_heads // attn.n_kv_heads`` query heads, head h reading key/value head ``h // (n_heads // n_kv_heads)``).
 
-    Shapes: word str (byte-level spelling), merges a list of pairs in rank order -> list of token strings.
+    The checker feeds a sequence in chunks (a prompt, then a few tokens), passing each call the cache the
+    previous call returned (None at first), and compares the outputs with the whole sequence at once, and the
+    cache with the library's.
+
+    Shapes: x (B, T_new, d_model), cache None or (k, v) each (B, n_kv_heads, T_past, d_head)
+    -> (out (B, T_new, d_model), (k, v) each (B, n_kv_heads, T_past + T_new, d_head)).
     """
     cases = (
-        ("'the': 'h'+'e' ranks before 't'+'h'", "the"),
-        ("'Ġthe': merged symbols merge again", "Ġthe"),
-        ("'llll': every occurrence of a pair merges", "llll"),
-        ("'Ġseeing'", "Ġseeing"),
-        ("'Ġsinger'", "Ġsinger"),
-        ("'xyz': no merge applies", "xyz"),
-        ("'a': a single symbol", "a"),
-    )
-    for name, word in cases:
-        c.case(
-            name,
-            lambda word, merges: encode_word(word, merges),
-            _encode_word(word, _MERGES),
-            bugs=(
-                Bug(
-                    lambda w=word: _encode_word(w, _MERGES, by_rank=False),
-                    "merge the pair with the lowest rank (learned first) among the word's adjacent pairs, not the "
-                    "leftmost pair that has a merge.",
-                ),
-                Bug(
-                    lambda w=word: _encode_word(w, _MERGES, once=True),
-                    "a merge applies to every occurrence of its pair, and a merged symbol can merge again: repeat "
-                    "until no adjacent pair has a merge.",
-                ),
-            ),
-            hint="symbols = list(word); repeat: among the adjacent pairs that appear in merges, take the one with "
-            "the smallest index in merges, join all its occurrences left to right; stop when none is left.",
-            inputs={"word": word, "merges": list(_MERGES)},
+        ("4 query heads, 2 key/value heads: a prompt of 5, then 3 tokens one at a time", 4, 2, 32, (5, 1, 1, 1)),
+        ("6 query heads, 3 key/value heads: a prompt of 4, then 2 tokens at once, then 1", 6, 3, 48, (4, 2, 1)),
+        ("8 query heads, 1 key/value head (multi-query): a prompt of 3, then 2 single tokens", 8, 1, 32, (3, 1, 1)),
+        ("4 query heads, 4 key/value heads (plain multi-head): a prompt of 2, then 2 single tokens", 4, 4, 16,
+         (2, 1, 1)),
+    )  # fmt: skip
+    torch.manual_seed(7)  # @checker restores the reader's random state afterwards
+    layers = [  # made before any answer runs: an answer that draws random numbers changes no case
+        (
+            MultiHeadAttention(d_model, n_heads, n_kv_heads=n_kv_heads, bias=False).eval(),
+            torch.randn(2, sum(chunks), d_model),
         )
+        for _, n_heads, n_kv_heads, d_model, chunks in cases
+    ]  # (attention, x of shape (B, T, d_model))
+    for (name, n_heads, n_kv_heads, _, chunks), (attn, x) in zip(cases, layers, strict=True):
+        with torch.no_grad():
+            expected_out, expected_cache = _library_gqa(attn, x, chunks)
+            c.case(
+                f"{name}: the outputs",
+                lambda attn, x, chunks=chunks: _feed(gqa_step, attn, x, chunks)[0],
+                expected_out,
+                bugs=(
+                    Bug(
+                        _buggy(attn, x, chunks, 0, expand="repeat"),
+                        "query head h shares key/value head h // (n_heads // n_kv_heads): heads 0 and 1 read key/value "
+                        "head 0. k.repeat(1, n_rep, 1, 1) (or expand + reshape in the wrong order) pairs head h with "
+                        "h % n_kv_heads; use k.repeat_interleave(n_rep, dim=1).",
+                    ),
+                    Bug(
+                        _buggy(attn, x, chunks, 0, mask="top_left"),
+                        "with fewer new queries than keys, is_causal=True aligns the triangle to the top left and the "
+                        "new tokens see only the first keys. Use causal_mask(T_new, T_past + T_new), aligned to the "
+                        "bottom right.",
+                    ),
+                    Bug(
+                        _buggy(attn, x, chunks, 0, mask="none"),
+                        "one new token may see every key, but a prompt of several tokens needs the causal mask: "
+                        "without it, its early tokens see the later ones. Use causal_mask(T_new, T_past + T_new).",
+                    ),
+                    Bug(
+                        _buggy(attn, x, chunks, 0, keep=False),
+                        "the new tokens attend only to themselves: concatenate the cached keys and values in front of "
+                        "the new ones (torch.cat([k_past, k_new], dim=2)) before attending.",
+                    ),
+                ),
+                hint="project q (n_heads heads) and k, v (n_kv_heads heads) with attn.split_heads; append k and v to "
+                "the cache; repeat_interleave them n_heads // n_kv_heads times along the heads for the attention; "
+                "causal_mask(T_new, T_past + T_new); merge the heads and apply attn.out_proj.",
+                inputs={"attn": attn, "x": x},
+            )
+            n_rep = n_heads // n_kv_heads
+            c.case(
+                f"{name}: the cache",
+                lambda attn, x, chunks=chunks: _feed(gqa_step, attn, x, chunks)[1],
+                expected_cache,
+                bugs=tuple(
+                    Bug(
+                        _buggy(attn, x, chunks, 1, cache_expanded=True, expand=expand),
+                        f"the cache must hold the {n_kv_heads} key/value head{'s' * (n_kv_heads > 1)}, not the "
+                        f"{n_heads} repeated ones: that is what grouped-query attention saves ({n_rep} times less "
+                        "memory). Append k and v to the cache first, and repeat them only for the attention.",
+                    )
+                    for expand in ("interleave", "repeat")
+                )
+                if n_rep > 1
+                else (),
+                hint="return the cache as (k, v), each of shape (B, n_kv_heads, T_past + T_new, d_head): every key and "
+                "value so far, in order, before any repeat.",
+                inputs={"attn": attn, "x": x},
+            )
