@@ -13,16 +13,24 @@ uses 20, an estimate that moves by a few hundredths from one evaluation to the n
 
     python benchmarks/train_gpt.py --text input.txt --iters 2000 --device cpu
     python benchmarks/train_gpt.py --iters 200     # the packaged plays
+
+Data parallel, two processes on one machine (gloo on a CPU, NCCL with one GPU each)::
+
+    torchrun --standalone --nproc_per_node=2 benchmarks/train_gpt.py --iters 200
+
+Each process draws its own batches of ``--batch-size`` (the global batch is twice as large),
+rank 0 prints, and tokens per second count every process's tokens.
 """
 
 from __future__ import annotations
 
 import torch
+from torch import distributed as dist
 
 from recipe import char_data, recipe_config, recipe_gpt, recipe_parser  # benchmarks/recipe.py, beside this script
-from transformer_lib import count_parameters, get_device, set_seed
+from transformer_lib import count_parameters, set_seed
 from transformer_lib.text import random_blocks
-from transformer_lib.training import Trainer
+from transformer_lib.training import Trainer, init_distributed
 
 
 def main() -> None:
@@ -32,7 +40,7 @@ def main() -> None:
     args = p.parse_args()
 
     set_seed(args.seed)
-    device = get_device(args.device)
+    device = init_distributed(args.device)  # joins torchrun's process group, if launched by torchrun
     tok, train, val = char_data(args)
     model = recipe_gpt(args, tok.vocab_size)
     config = recipe_config(
@@ -46,15 +54,20 @@ def main() -> None:
         count=lambda batch: batch[0].numel(),
         device=device,
     )
-    print(
-        f"device={device} threads={torch.get_num_threads()} precision={trainer.amp_dtype or torch.float32} "
-        f"params={count_parameters(model):,} train_tokens={len(train):,} val_tokens={len(val):,}",
+    say = print if trainer.rank == 0 else lambda *a, **k: None
+    say(
+        f"device={device} threads={torch.get_num_threads()} processes={trainer.world_size} "
+        f"precision={trainer.amp_dtype or torch.float32} params={count_parameters(model):,} "
+        f"train_tokens={len(train):,} val_tokens={len(val):,}",
         flush=True,
     )
     history = trainer.fit()
     for step, loss in zip(history.eval_steps, history.val_loss, strict=True):
-        print(f"step {step}: val_loss {loss:.4f}")
-    print(f"tokens_per_s={history.items_per_second:.0f} val_loss={history.val_loss[-1]:.4f}")
+        say(f"step {step}: val_loss {loss:.4f}")
+    tokens_per_s = history.items_per_second * trainer.world_size  # every process trains as many tokens
+    say(f"tokens_per_s={tokens_per_s:.0f} val_loss={history.val_loss[-1]:.4f}")
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

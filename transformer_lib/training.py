@@ -1,9 +1,11 @@
 """The training engine shared by chapters 4 to 7 and the benchmarks.
 
 A small, readable loop: AdamW with weight-decay groups, linear warm-up then cosine decay,
-gradient clipping, periodic evaluation, a fused optimizer, mixed precision where the hardware
-multiplies in it natively (see :func:`autocast_dtype`), atomic checkpoints that resume
-exactly. The loop never waits for the GPU except when it logs. It knows nothing of notebooks:
+gradient clipping, gradient accumulation, periodic evaluation, a fused optimizer, mixed
+precision where the hardware multiplies in it natively (see :func:`autocast_dtype`), atomic
+checkpoints that resume exactly, and data parallelism when the process group of
+``torch.distributed`` is initialised (``torchrun``). The loop never waits for the GPU except
+when it logs. It knows nothing of notebooks:
 a live loss plot is a ``fit`` callback (:class:`transformer_lib.notebook.plots.LivePlot`).
 
 What it refuses, with an error that says why: a :class:`TrainConfig` with an invalid field
@@ -28,6 +30,8 @@ from typing import Any, NoReturn
 
 import torch
 from torch import Tensor, nn
+from torch import distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 from ._validate import _validate_int, _validate_real
 from .precision import autocast_dtype
@@ -84,10 +88,16 @@ class TrainConfig:
     ``eval_steps`` and ``log_interval`` are integers >= 1 and ``warmup_steps`` an integer >= 0;
     ``lr`` is finite and > 0; ``0 <= min_lr <= lr``; ``weight_decay >= 0``; both ``betas`` lie
     in [0, 1); ``grad_clip`` is a finite number > 0, or ``None`` for no clipping; ``seed`` is
-    an integer in [-2**63, 2**64); ``amp`` and ``progress`` are booleans. ``warmup_steps`` may
+    an integer in [-2**63, 2**64); ``grad_accum_steps`` is an integer >= 1; ``amp`` and
+    ``progress`` are booleans. ``warmup_steps`` may
     exceed ``max_steps``: the run then ends during the warm-up, below ``lr`` (so shortening a
     run by ``max_steps`` alone stays valid). Numpy numbers are stored as Python ones, and
     ``betas`` as a tuple.
+
+    ``grad_accum_steps = k`` makes every optimisation step draw k micro-batches and accumulate
+    their gradients, each loss divided by k: with micro-batches of equal size and a loss that
+    is a mean, the step equals one step on a batch k times larger, in the memory of one
+    micro-batch.
 
     The config is frozen: derive another with ``dataclasses.replace(config, lr=...)``.
 
@@ -105,6 +115,7 @@ class TrainConfig:
     eval_steps: int = 10
     log_interval: int = 10
     seed: int = 0
+    grad_accum_steps: int = 1  # micro-batches per optimisation step
     amp: bool = True  # mixed precision where it is native: see autocast_dtype
     progress: bool = True  # a tqdm bar (the book build turns tqdm off with TQDM_DISABLE=1)
 
@@ -145,6 +156,7 @@ class TrainConfig:
             "eval_steps": positive_int("eval_steps"),
             "log_interval": positive_int("log_interval"),
             "seed": _validate_seed,
+            "grad_accum_steps": positive_int("grad_accum_steps"),
             "amp": lambda v: _validate_bool("amp", v),
             "progress": lambda v: _validate_bool("progress", v),
         }
@@ -221,6 +233,16 @@ class Trainer:
     items (e.g. tokens) a batch holds, for the speed report. The trainer owns the random
     generator passed to the batch functions, so a checkpoint resumes the data stream too.
 
+    Data parallel: when ``torch.distributed`` is initialised with more than one process (as
+    under ``torchrun``), the trainer wraps the model in ``DistributedDataParallel`` (the
+    gradients are averaged across processes at every step, once per step when accumulating),
+    seeds each process's data generator differently (``seed + rank``: every process draws its
+    own batches), averages the logged and evaluated losses over the processes, shows a
+    progress bar on rank 0 only, and writes checkpoints from rank 0 (call :meth:`save` and
+    :meth:`load` on every process). ``loss_fn`` then receives the wrapper: call the model, as
+    ``default_loss`` does, rather than its other methods. ``history.items`` counts this
+    process's items.
+
     Defined in chapter 4, Positional encoding.
     """
 
@@ -240,13 +262,31 @@ class Trainer:
         self.train_batches, self.val_batches = train_batches, val_batches
         self.device = torch.device(device) if device is not None else get_device()
         self.model = model.to(self.device)
+        self.rank, self.world_size = _rank_and_world_size()
+        self.ddp = None  # the DistributedDataParallel wrapper, when there are several processes
+        if self.world_size > 1:  # broadcasts rank 0's weights: every process starts from the same model
+            device_ids = [self.device.index or 0] if self.device.type == "cuda" else None
+            self.ddp = DistributedDataParallel(self.model, device_ids=device_ids)
         self.optimizer = self._new_optimizer()
-        self.generator = torch.Generator().manual_seed(config.seed)
+        self.generator = torch.Generator().manual_seed(_rank_seed(config.seed, self.rank))
         self.step = 0
         self.history = History()
         self.amp_dtype = autocast_dtype(self.device) if config.amp else None
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp_dtype == torch.float16)
         self._reset_nonfinite()
+
+    @property
+    def forward_model(self) -> nn.Module:
+        """What the loss function calls: the DDP wrapper under data parallelism, else the model."""
+        return self.ddp if self.ddp is not None else self.model
+
+    def _mean_over_processes(self, value: Tensor) -> Tensor:
+        """``value`` averaged over the processes (itself when there is one)."""
+        if self.world_size > 1:
+            value = value.clone()
+            dist.all_reduce(value, op=dist.ReduceOp.SUM)
+            value /= self.world_size
+        return value
 
     def _new_optimizer(self) -> torch.optim.AdamW:
         cfg = self.config
@@ -277,7 +317,7 @@ class Trainer:
             with self._autocast():
                 losses.append(self.loss_fn(self.model, _to(batches(self.generator), self.device)).float())
         self.model.train(was_training)
-        return torch.stack(losses).mean().item()
+        return self._mean_over_processes(torch.stack(losses).mean()).item()
 
     def fit(self, steps: int | None = None, callback: Callable[[Trainer], None] | None = None) -> History:
         """Train until ``config.max_steps`` (or for ``steps`` more steps), evaluating on the way.
@@ -299,7 +339,7 @@ class Trainer:
         steps = None if steps is None else _validate_int("steps", steps, 0)
         end = self.config.max_steps if steps is None else min(self.config.max_steps, self.step + steps)
         bar = None
-        if self.config.progress:
+        if self.config.progress and self.rank == 0:
             from tqdm.auto import tqdm
 
             bar = tqdm(total=max(0, end - self.step), desc="training", leave=False)
@@ -321,11 +361,11 @@ class Trainer:
             if self.step % cfg.eval_interval == 0:
                 self._record_eval(callback)
             t0 = time.perf_counter()
-            batch = self.train_batches(self.generator)
-            running += self.train_step(batch)
+            batches = [self.train_batches(self.generator) for _ in range(cfg.grad_accum_steps)]
+            running += self.train_step(*batches)
             n_running += 1
             if self.count is not None:
-                h.items += self.count(batch)
+                h.items += sum(self.count(batch) for batch in batches)
             if self.step % cfg.log_interval == 0 or self.step == end:
                 mean = self._logged_mean(running / n_running)
                 running.zero_()
@@ -348,7 +388,7 @@ class Trainer:
         (the flag rides along as a NaN, so that checking it costs no second sync).
         """
         flagged = mean.masked_fill(self._first_nonfinite.max() >= 0, float("nan"))
-        value = flagged.item()
+        value = self._mean_over_processes(flagged).item()  # a NaN on any process is a NaN on all
         if not math.isfinite(value):
             self._raise_nonfinite(value)
         return value
@@ -369,29 +409,39 @@ class Trainer:
             f"data, a loss_fn that cannot divide by zero), or full fp32 precision (amp=False)."
         )
 
-    def train_step(self, batch: Batch) -> Tensor:
-        """One optimisation step on ``batch`` at the scheduled learning rate; returns the loss, detached.
+    def train_step(self, batch: Batch, *more: Batch) -> Tensor:
+        """One optimisation step on ``batch`` (and the micro-batches ``more``) at the scheduled
+        learning rate; returns the mean loss, detached.
 
-        Moves the batch to the device, runs forward and backward (in mixed precision where
-        enabled), clips the gradient norm and updates the weights. No host sync: a non-finite
-        loss or gradient norm is only recorded on the device, for :meth:`fit` to report.
+        Moves each batch to the device, runs forward and backward (in mixed precision where
+        enabled) with each loss divided by the number of micro-batches, so that the gradients
+        add up to the gradient of their mean; then clips the gradient norm and updates the
+        weights. Under data parallelism the gradients are averaged across processes once, on
+        the last micro-batch. No host sync: a non-finite loss or gradient norm is only recorded
+        on the device, for :meth:`fit` to report.
         """
         cfg = self.config
         lr = lr_at(self.step, cfg.lr, cfg.min_lr, cfg.warmup_steps, cfg.max_steps)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        batch = _to(batch, self.device)
-        with self._autocast():
-            loss = self.loss_fn(self.model, batch)
+        micro_batches = (batch, *more)
         self.optimizer.zero_grad(set_to_none=True)
-        self.scaler.scale(loss).backward()
+        total = torch.zeros((), device=self.device)
+        for i, micro in enumerate(micro_batches):
+            last = i == len(micro_batches) - 1
+            no_sync = self.ddp.no_sync() if self.ddp is not None and not last else nullcontext()
+            with no_sync:  # accumulate locally; average across processes on the last micro-batch only
+                with self._autocast():
+                    loss = self.loss_fn(self.forward_model, _to(micro, self.device))
+                self.scaler.scale(loss / len(micro_batches)).backward()
+            total += loss.detach().float()
+        loss = total / len(micro_batches)
         grad_norm = None
         if cfg.grad_clip is not None:
             self.scaler.unscale_(self.optimizer)
             grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
         self.scaler.step(self.optimizer)
         self.scaler.update()
-        loss = loss.detach().float()
         self._note_nonfinite(loss, grad_norm)
         self.step += 1
         return loss
@@ -433,10 +483,20 @@ class Trainer:
             "train_config": asdict(self.config),
             "model_config": _model_config(self.model),
             "generator": self.generator.get_state(),
+            # under data parallelism, every process's data generator (index = rank): a resume draws on
+            "rank_generators": self._gathered_generators(),
             "torch_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
             "history": asdict(self.history),
         }
+
+    def _gathered_generators(self) -> list[Tensor]:
+        """Every process's data-generator state, by rank (empty with one process)."""
+        if self.world_size == 1:
+            return []
+        states: list[Any] = [None] * self.world_size
+        dist.all_gather_object(states, self.generator.get_state())
+        return states
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write a checkpoint atomically, with a checksum; return its path.
@@ -448,9 +508,13 @@ class Trainer:
         checkpoint intact, and two processes saving to one path leave one whole checkpoint.
         """
         path = Path(path)
+        state = self.state_dict()  # under data parallelism a collective: every process calls save
+        if self.rank != 0:  # rank 0 writes; the others wait until the file is there
+            dist.barrier()
+            return path
         path.parent.mkdir(parents=True, exist_ok=True)
         buffer = io.BytesIO()
-        torch.save(self.state_dict(), buffer)
+        torch.save(state, buffer)
         payload = buffer.getbuffer()
         checkpoint = {
             "format": CHECKPOINT_FORMAT,
@@ -458,6 +522,8 @@ class Trainer:
             "payload": torch.frombuffer(payload, dtype=torch.uint8),
         }
         _write_atomically(checkpoint, path)
+        if self.world_size > 1:
+            dist.barrier()
         return path
 
     def load(self, path: str | os.PathLike) -> None:
@@ -481,7 +547,7 @@ class Trainer:
         if state["scaler"]:
             self.scaler.load_state_dict(state["scaler"])  # a no-op where the scaler is off
         self.step = state["step"]
-        self.generator.set_state(state["generator"])
+        self.generator.set_state(state["rank_generators"][self.rank] if self.world_size > 1 else state["generator"])
         torch.set_rng_state(state["torch_rng"])
         if state["cuda_rng"] and torch.cuda.is_available():
             for device, rng in enumerate(state["cuda_rng"][: torch.cuda.device_count()]):
@@ -505,6 +571,14 @@ class Trainer:
         self._validate_optimizer_state(state["optimizer"], fail)
         _validate_scaler_state(state["scaler"], fail)
         _validate_rng_states(self.generator, state, fail)
+        rank_generators = state.get("rank_generators", [])
+        if self.world_size > 1 and len(rank_generators) != self.world_size:
+            raise fail(
+                f"holds the data streams of {len(rank_generators) or 1} process(es); this run has {self.world_size}: "
+                f"resume with as many processes as wrote it"
+            )
+        for theirs in rank_generators:
+            _validate_rng_states(self.generator, {**state, "generator": theirs}, fail)
         step = state["step"]
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:  # a CheckpointError, not a ValueError
             raise fail(f"has step {step!r}, not an integer >= 0")
@@ -692,3 +766,39 @@ def _validate_rng_states(generator: torch.Generator, state: dict, fail: Callable
     cuda = state["cuda_rng"]
     if not isinstance(cuda, list) or not all(isinstance(s, Tensor) and s.dtype == torch.uint8 for s in cuda):
         raise fail("has a cuda_rng that is not a list of byte tensors")
+
+
+def _rank_and_world_size() -> tuple[int, int]:
+    """This process's rank and the number of processes (0 and 1 without ``torch.distributed``)."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _rank_seed(seed: int, rank: int) -> int:
+    """Process ``rank``'s data seed: ``seed + rank``, kept in the range ``manual_seed`` takes."""
+    return (seed + rank) % 2**64 if rank else seed
+
+
+def init_distributed(device: str | torch.device | None = None) -> torch.device:
+    """Join the process group that ``torchrun`` describes in the environment, if any; return this
+    process's device.
+
+    Under ``torchrun --nproc_per_node=N`` (``WORLD_SIZE`` > 1 in the environment) it initialises
+    ``torch.distributed``: the NCCL backend with one GPU per process (``cuda:LOCAL_RANK``) on
+    CUDA, gloo on the CPU. Several machines are the same call with ``torchrun --nnodes=M
+    --node_rank=... --rdzv_endpoint=HOST:PORT``: the rendezvous gives every process its rank.
+    Without ``torchrun`` it does nothing and returns ``get_device(device)``. Then build a
+    :class:`Trainer`: it sees the process group and trains data-parallel.
+    """
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or (dist.is_available() and dist.is_initialized()):
+        chosen = get_device(device)
+        if dist.is_available() and dist.is_initialized() and chosen.type == "cuda":
+            chosen = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        return chosen
+    chosen = get_device(device)
+    if chosen.type == "cuda":
+        chosen = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(chosen)
+    dist.init_process_group(backend="nccl" if chosen.type == "cuda" else "gloo")
+    return chosen
