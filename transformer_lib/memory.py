@@ -1,0 +1,128 @@
+"""Where a model's training memory goes, measured from the tensors, and activation checkpointing.
+
+Training keeps four kinds of tensors: the parameters, their gradients, the optimizer's state
+(AdamW: two moments per parameter) and the activations that autograd saves for the backward
+pass. The first three are fixed by the model: :func:`state_bytes` measures them, and
+:func:`adamw_bytes_per_parameter` gives the formula they follow. The activations grow with the
+batch, the sequence length and the depth: :func:`saved_activation_bytes` measures them as autograd
+saves them. Activation checkpointing (:func:`set_activation_checkpointing`) keeps only each
+block's input and recomputes the rest during the backward pass: less memory, one more forward.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from ._validate import _validate_int
+
+
+def _storage_key(t: Tensor) -> tuple[int, int]:
+    storage = t.untyped_storage()
+    return storage.data_ptr(), storage.nbytes()
+
+
+def tensor_bytes(tensors: Any) -> int:
+    """Bytes of the distinct storages behind ``tensors`` (an iterable of tensors; a view or a tied
+    weight is counted once)."""
+    seen: dict[tuple[int, int], int] = {}
+    for t in tensors:
+        if isinstance(t, Tensor) and t.numel():
+            key = _storage_key(t)
+            seen[key] = key[1]
+    return sum(seen.values())
+
+
+def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict[str, int]:
+    """Bytes of the parameters, of their gradients (those that exist now), and of the optimizer's
+    state (e.g. AdamW's moments, which exist after its first step).
+
+    Returns ``{"parameters": ..., "gradients": ..., "optimizer": ..., "total": ...}``.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    params = list(model.parameters())
+    sizes = {
+        "parameters": tensor_bytes(params),
+        "gradients": tensor_bytes(p.grad for p in params if p.grad is not None),
+        "optimizer": 0,
+    }
+    if optimizer is not None:
+        sizes["optimizer"] = tensor_bytes(
+            v for state in optimizer.state.values() for v in state.values() if isinstance(v, Tensor) and v.dim() > 0
+        )
+    sizes["total"] = sum(sizes.values())
+    return sizes
+
+
+def adamw_bytes_per_parameter(param_bytes: int = 4, grad_bytes: int | None = None, moment_bytes: int = 4) -> int:
+    """Bytes of training state per parameter with AdamW: the weight, its gradient and two moments.
+
+    In fp32, 4 + 4 + 2 x 4 = 16 bytes. Mixed-precision recipes that keep a 16-bit copy of the
+    weights next to the fp32 master weights add 2 (Rajbhandari et al.'s ZeRO counts 2 + 2 + 12).
+    """
+    for name, value in (("param_bytes", param_bytes), ("moment_bytes", moment_bytes)):
+        _validate_int(name, value, 1)
+    grad_bytes = param_bytes if grad_bytes is None else _validate_int("grad_bytes", grad_bytes, 1)
+    return param_bytes + grad_bytes + 2 * moment_bytes
+
+
+def saved_activation_bytes(fn: Callable[[], Tensor]) -> int:
+    """Bytes of the tensors autograd saves for the backward pass while ``fn()`` runs (distinct
+    storages; parameters and views of them, such as a transposed weight, excluded: they are kept
+    anyway). ``fn`` computes a loss; it is not
+    differentiated here."""
+    if not callable(fn):
+        raise TypeError(f"fn must be a function computing a loss, got {type(fn).__name__}")
+    saved: list[Tensor] = []
+
+    def pack(t: Tensor) -> Tensor:
+        saved.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    weights = {_storage_key(t) for t in saved if _is_weight(t)}  # parameters and views of them (w.T)
+    return tensor_bytes(t for t in saved if _storage_key(t) not in weights)
+
+
+def _is_weight(t: Tensor) -> bool:
+    return isinstance(t, nn.Parameter) or isinstance(getattr(t, "_base", None), nn.Parameter)
+
+
+def set_activation_checkpointing(model: nn.Module, enabled: bool = True, blocks: str = "blocks") -> nn.Module:
+    """Checkpoint every module of ``model.<blocks>`` (default: ``model.blocks``, as in GPT): in
+    training with gradients on, each block keeps only its input and recomputes its activations
+    during the backward pass (``torch.utils.checkpoint``, non-reentrant). The results and
+    gradients are the same; the weights and their names (``state_dict``) do not change. Without
+    gradients (evaluation, generation with a cache) the blocks run as usual.
+    ``enabled=False`` undoes it. Returns the model.
+    """
+    layers = getattr(model, blocks, None)
+    if not isinstance(layers, nn.ModuleList | nn.Sequential):
+        raise ValueError(f"model.{blocks} must be an nn.ModuleList of blocks, got {type(layers).__name__}")
+    if not isinstance(enabled, bool):
+        raise TypeError(f"enabled must be True or False, got {enabled!r}")
+    for block in layers:
+        if "forward" in vars(block):  # ours, from an earlier call: back to the class's forward
+            del block.forward
+        if enabled:
+            block.forward = _checkpointed(block)
+    return model
+
+
+def _checkpointed(block: nn.Module) -> Callable[..., Any]:
+    forward = type(block).forward.__get__(block)  # the class's forward, bound to this block
+
+    @functools.wraps(forward)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        if block.training and torch.is_grad_enabled():
+            return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+        return forward(*args, **kwargs)
+
+    return run
