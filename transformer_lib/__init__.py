@@ -14,6 +14,7 @@ Two layers. The core is tensors in, tensors out, one module per idea:
 - ``precision``: what runs in bf16 and what stays in fp32
 - ``distillation``: knowledge distillation's loss (soft targets at a temperature, plus the labels)
 - ``memory``: training memory measured from the tensors (weights, gradients, AdamW, activations), checkpointing
+- ``parallel``: tensor parallelism by hand: a feed-forward network split over processes (Megatron)
 - ``text``: Shakespeare's plays, a character tokenizer, batches from tensors or token files (chapters 5, 7)
 - ``bpe``: byte-level BPE: training, GPT-2 vocab/merges files, special tokens (chapter 7)
 - ``tasks``: synthetic sequence-to-sequence tasks generated in code (chapter 6)
