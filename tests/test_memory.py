@@ -99,3 +99,21 @@ def test_bad_inputs_are_named():
         saved_activation_bytes(3)
     with pytest.raises(ValueError, match="param_bytes must be"):
         adamw_bytes_per_parameter(0)
+
+
+@pytest.mark.parametrize(("n_kv_heads", "dtype"), [(4, torch.float32), (2, torch.float32), (1, torch.bfloat16)])
+def test_the_kv_cache_formula_matches_the_caches_a_model_fills(n_kv_heads, dtype):
+    from transformer_lib.memory import cache_bytes, kv_cache_bytes_per_token
+
+    torch.manual_seed(0)
+    config = GPTConfig(**{**CONFIG.__dict__, "n_kv_heads": n_kv_heads})
+    model = GPT(config).to(dtype)
+    caches = model.new_caches()
+    with torch.no_grad():
+        model(batch(1, 20)[0], caches=caches)
+    d_head = config.d_model // config.n_heads
+    per_token = kv_cache_bytes_per_token(config.n_layers, n_kv_heads, d_head, torch.finfo(dtype).bits // 8)
+    assert cache_bytes(caches) == 20 * per_token
+    assert kv_cache_bytes_per_token(4, 4, 32) == 4096  # chapter 7's model: 2 x 4 layers x 128 x 4 bytes
+    with pytest.raises(ValueError, match="n_kv_heads must be"):
+        kv_cache_bytes_per_token(4, 0, 32)

@@ -126,3 +126,21 @@ def _checkpointed(block: nn.Module) -> Callable[..., Any]:
         return forward(*args, **kwargs)
 
     return run
+
+
+def kv_cache_bytes_per_token(n_layers: int, n_kv_heads: int, d_head: int, bytes_per_number: int = 4) -> int:
+    """Bytes a KV cache takes per token: a key and a value of ``n_kv_heads * d_head`` numbers in every
+    layer, ``2 * n_layers * n_kv_heads * d_head * bytes_per_number``. Grouped-query attention
+    (``n_kv_heads < n_heads``) divides it by ``n_heads / n_kv_heads``; 16-bit numbers halve it."""
+    for name, value in (("n_layers", n_layers), ("n_kv_heads", n_kv_heads), ("d_head", d_head)):
+        _validate_int(name, value, 1)
+    _validate_int("bytes_per_number", bytes_per_number, 1)
+    return 2 * n_layers * n_kv_heads * d_head * bytes_per_number
+
+
+def cache_bytes(caches: Any) -> int:
+    """Bytes of the keys and values in a model's KV caches (a list of
+    :class:`~transformer_lib.attention.KVCache`): their numbers times their size. (Right after the
+    prompt, a cache's keys and values can be views into the fused q/k/v projection, whose storage
+    also holds the queries until the next token replaces it: :func:`tensor_bytes` counts that.)"""
+    return sum(t.numel() * t.element_size() for cache in caches for t in (cache.k, cache.v) if t is not None)
