@@ -263,11 +263,14 @@ class MultiHeadAttention(nn.Module):
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """q, k, v projections; k and v are None when a static cache already holds them.
 
-        Self-attention runs one matmul with the three weights stacked (the "fused" projection).
+        Self-attention runs one matmul with the three weights stacked (the "fused" projection),
+        when the projections hold weight tensors (PyTorch's dynamically quantized linears do not:
+        they are called one by one).
         """
         if cache is not None and cache.filled:
             return self.q_proj(query), None, None  # the memory's keys and values were computed once
-        if query is key and key is value:
+        projections = (self.q_proj, self.k_proj, self.v_proj)
+        if query is key and key is value and all(isinstance(getattr(p, "weight", None), Tensor) for p in projections):
             w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])  # (d_model + 2 d_kv, d_model)
             b = None if self.q_proj.bias is None else torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias])
             d_kv = self.k_proj.out_features

@@ -112,11 +112,11 @@ def set_activation_checkpointing(model: nn.Module, enabled: bool = True, blocks:
         if "forward" in vars(block):  # ours, from an earlier call: back to the class's forward
             del block.forward
         if enabled:
-            block.forward = _checkpointed(block)
+            block.forward = _with_checkpointing(block)
     return model
 
 
-def _checkpointed(block: nn.Module) -> Callable[..., Any]:
+def _with_checkpointing(block: nn.Module) -> Callable[..., Any]:
     forward = type(block).forward.__get__(block)  # the class's forward, bound to this block
 
     @functools.wraps(forward)

@@ -1,0 +1,226 @@
+"""int8 weights: symmetric per-channel quantization written by hand, and PyTorch's dynamic int8.
+
+Weight-only int8 stores each row ``w`` of a weight matrix (one output channel) as 8-bit integers
+``q = round(w / s)`` in ``[-127, 127]`` with one float scale ``s = max|w| / 127`` per row, and
+computes with ``q * s``: a quarter of the bytes, each entry off by at most ``s / 2``.
+:func:`quantize_weights` swaps a model's ``nn.Linear`` layers for :class:`Int8Linear`, which
+dequantizes on the fly (smaller, not faster: the multiply still runs in floating point).
+:func:`dynamic_int8` hands the same layers to PyTorch's dynamic quantization, whose int8 kernels
+also quantize the activations, row batch by row batch, and multiply in integers.
+
+Tied weights: a Linear whose weight is shared with another module (a GPT's output head tied to the
+token embedding) is left as it is, still tied. Quantizing it would add an int8 copy next to the fp32
+embedding, which still needs its floating-point table for the lookup: the state would grow, not shrink.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ._validate import _validate_tensor
+
+#: The largest int8 magnitude used: the range is symmetric, [-127, 127], so -128 is never produced.
+QMAX = 127
+
+
+def quantize_per_channel(weight: Tensor) -> tuple[Tensor, Tensor]:
+    """Symmetric int8 quantization with one scale per output channel (row).
+
+    ``scale = max|w_row| / 127`` and ``q = round(w / scale)``, so ``|w - q * scale| <= scale / 2``
+    entry by entry. An all-zero row gets scale 0 and q 0 (no division by zero); it dequantizes to
+    exact zeros. The scales are float32 whatever the weight's floating dtype.
+
+    Shapes: weight (out_features, in_features) -> q (out_features, in_features) int8, scale (out_features,).
+    """
+    _validate_tensor("weight", weight, ndim=2, floating=True)
+    w = weight.detach().float()
+    if not torch.isfinite(w).all():
+        raise ValueError("weight must be finite to be quantized, got a weight with inf or NaN entries")
+    scale = w.abs().amax(dim=1) / QMAX  # (out,)
+    divisor = torch.where(scale > 0, scale, torch.ones_like(scale))  # an all-zero row: 0 / 1 = 0
+    q = torch.round(w / divisor[:, None]).clamp_(-QMAX, QMAX).to(torch.int8)  # (out, in)
+    return q, scale
+
+
+def dequantize(q: Tensor, scale: Tensor) -> Tensor:
+    """``q * scale`` row by row: the floating-point weight that int8 ``q`` stands for.
+
+    Shapes: q (out_features, in_features) int8, scale (out_features,) -> (out_features, in_features), scale's dtype.
+    """
+    _validate_tensor("q", q, ndim=2)
+    if q.dtype != torch.int8:
+        raise TypeError(f"q must be an int8 tensor (from quantize_per_channel), got dtype {q.dtype}")
+    _validate_tensor("scale", scale, ndim=1, floating=True)
+    if scale.shape[0] != q.shape[0]:
+        raise ValueError(
+            f"scale must have one entry per row of q: q has shape {tuple(q.shape)}, scale {tuple(scale.shape)}"
+        )
+    return q.to(scale.dtype) * scale[:, None]
+
+
+class Int8Linear(nn.Module):
+    """A linear layer whose weight is stored as int8 with one float32 scale per output channel.
+
+    ``forward(x) = F.linear(x, dequantize(weight_int8, weight_scale), bias)``, the weight cast to x's dtype.
+    The int8 weight, the scales and the bias are buffers: the layer is for inference, it has no parameters.
+    ``weight`` gives the dequantized weight, so code that reads ``layer.weight`` (a fused q/k/v projection)
+    keeps working.
+
+    Shapes: x (..., in_features) -> (..., out_features).
+    """
+
+    def __init__(self, weight_int8: Tensor, weight_scale: Tensor, bias: Tensor | None = None) -> None:
+        super().__init__()
+        dequantize(weight_int8, weight_scale)  # validates the pair
+        if bias is not None:
+            _validate_tensor("bias", bias, ndim=1, floating=True, last_dim=weight_int8.shape[0])
+        self.out_features, self.in_features = weight_int8.shape
+        self.register_buffer("weight_int8", weight_int8)
+        self.register_buffer("weight_scale", weight_scale)
+        self.register_buffer("bias", bias)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> Int8Linear:
+        """Quantize an ``nn.Linear``'s weight per output channel; the bias is copied as it is."""
+        if not isinstance(linear, nn.Linear):
+            raise TypeError(f"Int8Linear.from_linear expects an nn.Linear, got {type(linear).__name__}")
+        q, scale = quantize_per_channel(linear.weight)
+        bias = None if linear.bias is None else linear.bias.detach().clone()
+        return cls(q, scale, bias)
+
+    @property
+    def weight(self) -> Tensor:
+        """The dequantized weight (out_features, in_features), in the scales' dtype."""
+        return dequantize(self.weight_int8, self.weight_scale)
+
+    def forward(self, x: Tensor) -> Tensor:
+        _validate_tensor("x", x, floating=True, last_dim=self.in_features)
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        return F.linear(x, self.weight.to(x.dtype), bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def quantize_weights(model: nn.Module, skip: str | Iterable[str] = ()) -> nn.Module:
+    """A deep copy of ``model`` with every ``nn.Linear`` replaced by an :class:`Int8Linear`.
+
+    ``skip``: names of Linear modules (as in ``model.named_modules()``) to keep in floating point.
+    A Linear whose weight is tied to another module (a GPT's ``lm_head`` and ``tok_emb``) is kept
+    as it is, still tied (see the module docstring). ``model`` itself is not changed.
+    """
+    names = _linears_to_quantize(model, skip)
+    quantized = copy.deepcopy(model)
+    for name in names:
+        parent, _, child = name.rpartition(".")
+        owner = quantized.get_submodule(parent)
+        setattr(owner, child, Int8Linear.from_linear(getattr(owner, child)))
+    return quantized
+
+
+def dynamic_int8(model: nn.Module, skip: str | Iterable[str] = ()) -> nn.Module:
+    """A copy of ``model`` whose ``nn.Linear`` layers run PyTorch's dynamic int8 quantization (CPU only).
+
+    ``torch.ao.quantization.quantize_dynamic``: the weights are stored in int8 (one scale per tensor),
+    each call quantizes its input on the fly and multiplies in int8 (fbgemm/oneDNN kernels).
+    ``skip`` and tied weights as in :func:`quantize_weights`; ``model`` itself is not changed.
+    The library's attention projects q, k and v with one fused matmul over ``q_proj.weight``,
+    ``k_proj.weight`` and ``v_proj.weight`` when those are tensors; a dynamically quantized layer has
+    no weight tensor to stack, so attention calls its three quantized projections one by one.
+    """
+    names = _linears_to_quantize(model, skip)
+    for name, p in model.named_parameters():
+        if p.device.type != "cpu":
+            raise ValueError(
+                f"dynamic int8 quantization runs on the CPU: call model.cpu() first ({name} is on {p.device})"
+            )
+    for name in names:
+        weight = model.get_submodule(name).weight
+        if weight.dtype != torch.float32:
+            raise TypeError(f"dynamic int8 quantization expects float32 weights, {name}.weight is {weight.dtype}")
+    quantized = copy.deepcopy(model)
+    with warnings.catch_warnings():
+        # torch 2.13 still ships torch.ao.quantization but announces its removal in favour of the separate
+        # torchao package (a DeprecationWarning on import and on each call), and warns that quantized
+        # tensor dtypes (torch.qint8) are deprecated. The API works here; silence exactly those two messages.
+        warnings.filterwarnings("ignore", message=r"torch\.ao\.quantization is deprecated", category=DeprecationWarning)
+        warnings.filterwarnings(
+            "ignore", message=r"torch\.quantize_per_tensor, torch\.quantize_per_channel", category=UserWarning
+        )
+        from torch.ao.quantization import quantize_dynamic
+
+        quantize_dynamic(quantized, set(names), dtype=torch.qint8, inplace=True)
+    return quantized  # MultiHeadAttention calls quantized projections one by one (no weight tensor to fuse)
+
+
+def state_dict_bytes(model: nn.Module) -> int:
+    """Bytes of ``model.state_dict()``: each storage counted once (tied weights once).
+
+    Quantized tensors (from :func:`dynamic_int8`) count their int8 data, plus their per-channel scales
+    and zero points if they have them; a per-tensor scale is a Python number and is not counted.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    state = model.state_dict()
+    alive: list[Tensor] = []  # tensors made here stay alive, so a freed address cannot be counted as seen
+    seen: set[tuple[str, int]] = set()
+    total = 0
+
+    def add(t: Tensor) -> None:
+        nonlocal total
+        if t.is_quantized and t.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric):
+            extras = [t.q_per_channel_scales(), t.q_per_channel_zero_points()]
+            alive.extend(extras)
+            for extra in extras:
+                add(extra)
+        storage = t.untyped_storage()  # a quantized tensor's storage holds its int8 data
+        key = (str(t.device), storage.data_ptr())
+        if key not in seen:
+            seen.add(key)
+            total += storage.nbytes()
+
+    def walk(value: object) -> None:
+        if isinstance(value, Tensor):
+            add(value)
+        elif isinstance(value, tuple | list):
+            for v in value:
+                walk(v)
+
+    for value in state.values():
+        walk(value)
+    return total
+
+
+def _linears_to_quantize(model: nn.Module, skip: str | Iterable[str]) -> list[str]:
+    """Names of the Linear modules to quantize: all of them, minus ``skip``, minus those with tied weights."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    if isinstance(skip, str):
+        skip = (skip,)
+    try:
+        skip = set(skip)
+    except TypeError:
+        raise TypeError(f"skip must be a module name or an iterable of names, got {type(skip).__name__}") from None
+    linears = [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
+    unknown = sorted(str(s) for s in skip - set(linears))
+    if unknown:
+        raise ValueError(
+            f"skip names modules that are not nn.Linear layers of the model: {unknown}; Linear layers: {linears}"
+        )
+    uses: dict[int, int] = {}
+    for _, p in model.named_parameters(remove_duplicate=False):
+        uses[id(p)] = uses.get(id(p), 0) + 1
+    tied = [name for name in linears if uses.get(id(model.get_submodule(name).weight), 0) > 1]
+    names = [name for name in linears if name not in skip and name not in tied]
+    if not names:
+        raise ValueError(
+            f"model has no nn.Linear layer to quantize "
+            f"(Linear layers: {linears}, skipped: {sorted(skip)}, tied: {tied})"
+        )
+    return names
