@@ -12,6 +12,7 @@ Two layers. The core is tensors in, tensors out, one module per idea:
 - ``decoding``: greedy and beam search for encoder-decoder models (chapter 6)
 - ``training``: the training engine: AdamW groups, schedule, clipping, mixed precision, checkpoints (chapters 4-7)
 - ``precision``: what runs in bf16 and what stays in fp32
+- ``export``: a GPT as an ONNX file (``torch.onnx.export``), run by ONNX Runtime
 - ``quantization``: int8 weights by hand (per-channel scales) and PyTorch's dynamic int8
 - ``distillation``: knowledge distillation's loss (soft targets at a temperature, plus the labels)
 - ``memory``: training memory measured from the tensors (weights, gradients, AdamW, activations), checkpointing
