@@ -10,6 +10,7 @@ Two layers. The core is tensors in, tensors out, one module per idea:
 - ``models``: the encoder-decoder, GPT and BERT-style models (chapters 6, 7)
 - ``sampling``: greedy, temperature, top-k and top-p (chapter 7)
 - ``decoding``: greedy and beam search for encoder-decoder models (chapter 6)
+- ``speculative``: speculative decoding: a draft GPT proposes, the target verifies, output = target's greedy
 - ``training``: the training engine: AdamW groups, schedule, clipping, mixed precision, checkpoints (chapters 4-7)
 - ``precision``: what runs in bf16 and what stays in fp32
 - ``export``: a GPT as an ONNX file (``torch.onnx.export``), run by ONNX Runtime
