@@ -425,17 +425,17 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         micro_batches = (batch, *more)
+        k = len(micro_batches)
         self.optimizer.zero_grad(set_to_none=True)
-        total = torch.zeros((), device=self.device)
+        total: Tensor | None = None
         for i, micro in enumerate(micro_batches):
-            last = i == len(micro_batches) - 1
-            no_sync = self.ddp.no_sync() if self.ddp is not None and not last else nullcontext()
+            no_sync = self.ddp.no_sync() if self.ddp is not None and i < k - 1 else nullcontext()
             with no_sync:  # accumulate locally; average across processes on the last micro-batch only
                 with self._autocast():
                     loss = self.loss_fn(self.forward_model, _to(micro, self.device))
-                self.scaler.scale(loss / len(micro_batches)).backward()
-            total += loss.detach().float()
-        loss = total / len(micro_batches)
+                self.scaler.scale(loss if k == 1 else loss / k).backward()
+            total = loss.detach().float() if total is None else total + loss.detach().float()
+        loss = total if k == 1 else total / k
         grad_norm = None
         if cfg.grad_clip is not None:
             self.scaler.unscale_(self.optimizer)
