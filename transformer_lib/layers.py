@@ -46,17 +46,24 @@ class FeedForward(nn.Module):
         self.linear2 = nn.Linear(d_ff, d_model, bias=bias)
 
     def forward(self, x: Tensor) -> Tensor:
-        h = self.linear1(x)  # (B, T, d_ff) or (B, T, 2 d_ff) for SwiGLU
-        if self.activation == "swiglu":
-            gate, value = h.chunk(2, dim=-1)  # (B, T, d_ff) each
-            h = F.silu(gate) * value
-        elif self.activation == "gelu":
-            h = F.gelu(h)
-        elif self.activation == "gelu_tanh":
-            h = F.gelu(h, approximate="tanh")
-        else:
-            h = F.relu(h)
+        h = activate(self.linear1(x), self.activation)  # (B, T, d_ff)
         return self.linear2(self.dropout(h))
+
+
+def activate(h: Tensor, activation: str) -> Tensor:
+    """The feed-forward network's nonlinearity on ``linear1``'s output; for SwiGLU, ``h`` holds the gate
+    and the value halves, and the result is ``silu(gate) * value``.
+
+    Shapes: h (..., d_ff), or (..., 2 d_ff) for SwiGLU -> (..., d_ff).
+    """
+    if activation == "swiglu":
+        gate, value = h.chunk(2, dim=-1)  # (..., d_ff) each
+        return F.silu(gate) * value
+    if activation == "gelu":
+        return F.gelu(h)
+    if activation == "gelu_tanh":
+        return F.gelu(h, approximate="tanh")
+    return F.relu(h)
 
 
 def _residual(

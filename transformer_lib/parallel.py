@@ -12,12 +12,11 @@ heads per process), the output projection by rows, one all-reduce.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch import distributed as dist
 
 from ._validate import _validate_int
-from .layers import FeedForward
+from .layers import FeedForward, activate
 
 
 class TensorParallelFeedForward(nn.Module):
@@ -61,17 +60,7 @@ class TensorParallelFeedForward(nn.Module):
     def partial(self, x: Tensor) -> Tensor:
         """This process's share of the output, ``act(x W1_r) W2_r``: the shares of all processes sum to
         the output without its last bias. Shapes: x (B, T, d_model) -> (B, T, d_model)."""
-        h = self.linear1(x)  # (B, T, shard) or (B, T, 2 shard) for SwiGLU
-        if self.activation == "swiglu":
-            gate, value = h.chunk(2, dim=-1)
-            h = F.silu(gate) * value
-        elif self.activation == "gelu":
-            h = F.gelu(h)
-        elif self.activation == "gelu_tanh":
-            h = F.gelu(h, approximate="tanh")
-        else:
-            h = F.relu(h)
-        return self.linear2(h)
+        return self.linear2(activate(self.linear1(x), self.activation))  # hidden (B, T, shard)
 
     def forward(self, x: Tensor) -> Tensor:
         if self.world_size == 1:
