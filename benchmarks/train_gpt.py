@@ -13,6 +13,7 @@ uses 20, an estimate that moves by a few hundredths from one evaluation to the n
 
     python benchmarks/train_gpt.py --text input.txt --iters 2000 --device cpu
     python benchmarks/train_gpt.py --iters 200     # the packaged plays
+    python benchmarks/train_gpt.py --compile       # through torch.compile (compilation time counted)
 
 Data parallel, two processes on one machine (gloo on a CPU, NCCL with one GPU each)::
 
@@ -37,6 +38,7 @@ def main() -> None:
     p = recipe_parser(__doc__.splitlines()[0])
     p.add_argument("--eval-iters", type=int, default=200)
     p.add_argument("--eval-interval", type=int, default=250)
+    p.add_argument("--compile", action="store_true", help="train through torch.compile (TrainConfig.compile)")
     args = p.parse_args()
 
     set_seed(args.seed)
@@ -44,7 +46,11 @@ def main() -> None:
     tok, train, val = char_data(args)
     model = recipe_gpt(args, tok.vocab_size)
     config = recipe_config(
-        args, eval_interval=args.eval_interval, eval_steps=args.eval_iters, log_interval=args.eval_interval
+        args,
+        eval_interval=args.eval_interval,
+        eval_steps=args.eval_iters,
+        log_interval=args.eval_interval,
+        compile=args.compile,
     )
     trainer = Trainer(
         model,
@@ -57,7 +63,7 @@ def main() -> None:
     say = print if trainer.rank == 0 else lambda *a, **k: None
     say(
         f"device={device} threads={torch.get_num_threads()} processes={trainer.world_size} "
-        f"precision={trainer.amp_dtype or torch.float32} params={count_parameters(model):,} "
+        f"precision={trainer.amp_dtype or torch.float32} compiled={args.compile} params={count_parameters(model):,} "
         f"train_tokens={len(train):,} val_tokens={len(val):,}",
         flush=True,
     )

@@ -5,6 +5,7 @@ import re
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -13,10 +14,13 @@ import torch
 from transformer_lib import GPT, GPTConfig
 from transformer_lib.notebook.benchmark import (
     ReferenceGPT,
+    gpt_matmul_shapes,
+    matmul_flops_per_second,
     mean_loss,
     op_time_shares,
     reference_optimizer,
     train_side_by_side,
+    train_step_flops,
 )
 from transformer_lib.text import random_blocks
 from transformer_lib.training import TrainConfig, Trainer
@@ -166,3 +170,43 @@ def test_best_time_warms_up_then_keeps_the_fastest_run():
     assert len(calls) == 4 and 0.01 <= seconds < 0.15
     with pytest.raises(ValueError, match="repeats must be a positive int, got 0"):
         best_time(work, repeats=0)
+
+
+def test_train_step_flops_counts_every_product_of_forward_and_backward():
+    """The count by hand: each linear's 2 M K N forward and twice that backward (input and weight
+    gradients), the tied head with no separate embedding product. The CPU's fused attention kernel is
+    not among the operators FlopCounterMode counts."""
+    ours, ref = pair()
+    B, T, d, V, L = 4, 16, 16, 11, 2
+    x, y = random_blocks(DATA, B, T)
+    N = B * T
+    linears = 2 * N * d * (3 * d + d + 4 * d + 4 * d)  # q/k/v, out, the MLP's two
+    forward = L * linears + 2 * N * d * V
+    assert train_step_flops(ref, x, y) == 3 * forward
+    assert train_step_flops(ours, x, y) == 3 * forward  # the same arithmetic, split into q, k and v
+    assert all(p.grad is None for p in ours.parameters())  # counting leaves no gradient behind
+
+
+def test_matmul_rate_is_the_products_over_their_time():
+    shapes = gpt_matmul_shapes(64, 16, 64, 11)
+    assert len(shapes) == 15 and (64, 16, 48) in shapes and (16, 64, 48) in shapes  # forward, weight gradient
+    rate = matmul_flops_per_second(shapes, seconds=0.01)
+    assert 1e8 < rate < 1e14  # a plausible machine, and a positive number
+
+
+@pytest.mark.slow
+def test_a_compiled_reference_trains_as_the_eager_one():
+    """nanoGPT's --compile=True: torch.compile of the same model, the same losses up to rounding."""
+    results = []
+    for compile_reference in (False, True):
+        ours, ref = pair()
+        ref.copy_from(ours)
+        cfg = TrainConfig(max_steps=8, warmup_steps=2, progress=False, amp=False)
+        trainer = Trainer(ours, cfg, lambda g: random_blocks(DATA, 4, 16, g), device="cpu")
+        val = [random_blocks(DATA, 4, 16, torch.Generator().manual_seed(1))]
+        draw = partial(random_blocks, DATA, 4, 16, torch.Generator().manual_seed(0))
+        result = train_side_by_side(trainer, ref, draw, val, warmup=2, compile_reference=compile_reference)
+        results.append(result)
+    eager, compiled = results
+    assert compiled.reference_val_loss == pytest.approx(eager.reference_val_loss, rel=1e-4)
+    assert compiled.ours_val_loss == pytest.approx(eager.ours_val_loss, rel=1e-6)

@@ -88,8 +88,8 @@ class TrainConfig:
     ``eval_steps`` and ``log_interval`` are integers >= 1 and ``warmup_steps`` an integer >= 0;
     ``lr`` is finite and > 0; ``0 <= min_lr <= lr``; ``weight_decay >= 0``; both ``betas`` lie
     in [0, 1); ``grad_clip`` is a finite number > 0, or ``None`` for no clipping; ``seed`` is
-    an integer in [-2**63, 2**64); ``grad_accum_steps`` is an integer >= 1; ``amp`` and
-    ``progress`` are booleans. ``warmup_steps`` may
+    an integer in [-2**63, 2**64); ``grad_accum_steps`` is an integer >= 1; ``amp``,
+    ``compile`` and ``progress`` are booleans. ``warmup_steps`` may
     exceed ``max_steps``: the run then ends during the warm-up, below ``lr`` (so shortening a
     run by ``max_steps`` alone stays valid). Numpy numbers are stored as Python ones, and
     ``betas`` as a tuple.
@@ -98,6 +98,11 @@ class TrainConfig:
     their gradients, each loss divided by k: with micro-batches of equal size and a loss that
     is a mean, the step equals one step on a batch k times larger, in the memory of one
     micro-batch.
+
+    ``compile = True`` trains through ``torch.compile(model)``: the forward and backward passes
+    become a few generated kernels, with the elementwise work (norms, activations, residual
+    adds) fused. The first steps pay the compilation (seconds on a CPU, up to a minute on a
+    GPU); evaluation and generation run the model uncompiled.
 
     The config is frozen: derive another with ``dataclasses.replace(config, lr=...)``.
 
@@ -117,6 +122,7 @@ class TrainConfig:
     seed: int = 0
     grad_accum_steps: int = 1  # micro-batches per optimisation step
     amp: bool = True  # mixed precision where it is native: see autocast_dtype
+    compile: bool = False  # train through torch.compile(model)
     progress: bool = True  # a tqdm bar (the book build turns tqdm off with TQDM_DISABLE=1)
 
     def __post_init__(self) -> None:
@@ -158,6 +164,7 @@ class TrainConfig:
             "seed": _validate_seed,
             "grad_accum_steps": positive_int("grad_accum_steps"),
             "amp": lambda v: _validate_bool("amp", v),
+            "compile": lambda v: _validate_bool("compile", v),
             "progress": lambda v: _validate_bool("progress", v),
         }
 
@@ -267,6 +274,9 @@ class Trainer:
         if self.world_size > 1:  # broadcasts rank 0's weights: every process starts from the same model
             device_ids = [self.device.index or 0] if self.device.type == "cuda" else None
             self.ddp = DistributedDataParallel(self.model, device_ids=device_ids)
+        self._forward = self.ddp if self.ddp is not None else self.model
+        if config.compile:  # the same parameters, behind generated kernels
+            self._forward = torch.compile(self._forward)
         self.optimizer = self._new_optimizer()
         self.generator = torch.Generator().manual_seed(_rank_seed(config.seed, self.rank))
         self.step = 0
@@ -277,8 +287,9 @@ class Trainer:
 
     @property
     def forward_model(self) -> nn.Module:
-        """What the loss function calls: the DDP wrapper under data parallelism, else the model."""
-        return self.ddp if self.ddp is not None else self.model
+        """What the loss function calls in training: the DDP wrapper under data parallelism, else the
+        model; compiled when ``config.compile`` is set."""
+        return self._forward
 
     def _mean_over_processes(self, value: Tensor) -> Tensor:
         """``value`` averaged over the processes (itself when there is one)."""

@@ -178,15 +178,17 @@ def train_side_by_side(
     val_batches: Sequence[tuple[Tensor, Tensor]],
     steps: int | None = None,
     warmup: int = 5,
+    compile_reference: bool = False,
 ) -> SideBySide:
     """Train ``trainer``'s model and ``reference`` with one recipe, alternating step by step.
 
     Both take the trainer's learning-rate schedule, weight decay, betas and clipping, and
     the same batch at every step (``batches()`` draws it, on the trainer's device). The
     reference runs nanoGPT's loop: on the CPU in fp32 with the per-tensor AdamW, on CUDA under
-    autocast with a fused one, the loss read back every step. Which model steps first
-    alternates, and the first ``warmup`` steps are left out of the medians. At the end
-    both are evaluated on the same ``val_batches``.
+    autocast with a fused one, the loss read back every step; ``compile_reference=True`` trains
+    it through ``torch.compile``, as nanoGPT's ``--compile=True`` does. Which model steps first
+    alternates, and the first ``warmup`` steps (with any compilation) are left out of the
+    medians. At the end both are evaluated on the same ``val_batches``.
     """
     cfg, device = trainer.config, trainer.device
     steps = cfg.max_steps - trainer.step if steps is None else steps
@@ -198,12 +200,13 @@ def train_side_by_side(
     amp = autocast_dtype(device) if device.type == "cuda" else None  # nanoGPT: fp32 on the CPU
     ctx = torch.autocast("cuda", dtype=amp) if amp is not None else nullcontext()
     scaler = torch.amp.GradScaler("cuda", enabled=amp == torch.float16)
+    forward = torch.compile(reference) if compile_reference else reference
 
     def reference_step(x: Tensor, y: Tensor, step: int) -> None:
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, cfg.lr, cfg.min_lr, cfg.warmup_steps, cfg.max_steps)
         with ctx:
-            _, loss = reference(x, y)
+            _, loss = forward(x, y)
         scaler.scale(loss).backward()
         if cfg.grad_clip is not None:
             scaler.unscale_(optimizer)
@@ -240,6 +243,71 @@ def train_side_by_side(
         steps=steps,
         tokens_per_step=tokens,
     )
+
+
+def train_step_flops(model: nn.Module, x: Tensor, y: Tensor) -> int:
+    """Floating-point operations of one training step's forward and backward passes, counted by
+    ``torch.utils.flop_counter.FlopCounterMode``: the matrix products of the linear layers and the
+    output head (2 M K N each, twice that backward), and the attention core where PyTorch counts its
+    kernel (on CUDA; the CPU's fused kernel is not counted, a few percent of a small GPT's step). The
+    elementwise work and the optimizer, comparatively few operations, are not counted either."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter:
+        _, loss = model(x, y)
+        loss.backward()
+    model.zero_grad(set_to_none=True)
+    return counter.get_total_flops()
+
+
+def matmul_flops_per_second(
+    shapes: Sequence[tuple[int, int, int]],
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    seconds: float = 0.2,
+) -> float:
+    """The multiply rate this machine reaches on the products ``(M, K) @ (K, N)`` of ``shapes``, run
+    back to back for about ``seconds`` each round: their total operations over their median time
+    over 5 rounds. A bound on a training step made of these products: its matrix work cannot run faster."""
+    device = torch.device(device)
+    g = torch.Generator(device=device).manual_seed(0)
+    pairs = [
+        (
+            torch.randn(m, k, generator=g, device=device, dtype=dtype),
+            torch.randn(k, n, generator=g, device=device, dtype=dtype),
+        )
+        for m, k, n in shapes
+    ]
+    flops = sum(2 * m * k * n for m, k, n in shapes)
+
+    def run() -> None:
+        for a, b in pairs:
+            a @ b
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    run()
+    t0 = time.perf_counter()
+    run()
+    reps = max(1, int(seconds / max(time.perf_counter() - t0, 1e-6)))
+    rounds = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            run()
+        rounds.append((time.perf_counter() - t0) / reps)
+    return flops / statistics.median(rounds)
+
+
+def gpt_matmul_shapes(n_tokens: int, d_model: int, d_ff: int, vocab_size: int) -> list[tuple[int, int, int]]:
+    """The (M, K, N) of a GPT block's and output head's products in a training step over ``n_tokens``
+    tokens: forward (x @ W), input gradient (dy @ W^T) and weight gradient (x^T @ dy) of each linear."""
+    linears = [(d_model, 3 * d_model), (d_model, d_model), (d_model, d_ff), (d_ff, d_model), (d_model, vocab_size)]
+    shapes = []
+    for d_in, d_out in linears:
+        shapes += [(n_tokens, d_in, d_out), (n_tokens, d_out, d_in), (d_in, n_tokens, d_out)]
+    return shapes
 
 
 @contextmanager
