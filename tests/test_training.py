@@ -340,6 +340,9 @@ def test_compiled_training_follows_the_eager_run_and_saves_plain_weights(tmp_pat
     ``_orig_mod.`` names, loadable by an eager trainer."""
     eager, compiled = trainer(tiny_gpt(dropout=0.0), steps=6), trainer(tiny_gpt(dropout=0.0), steps=6, compile=True)
     assert compiled.forward_model is not compiled.model  # the wrapper, sharing its parameters
+    bad = torch.full((2, 16), 7)
+    with pytest.raises(ValueError, match="token id 7, outside the vocabulary"):  # checked under compile too
+        compiled.forward_model(bad, bad)
     h_eager, h_compiled = eager.fit(), compiled.fit()
     np.testing.assert_allclose(h_compiled.train_loss, h_eager.train_loss, rtol=1e-4)
     for (name, a), b in zip(eager.model.state_dict().items(), compiled.model.state_dict().values(), strict=True):

@@ -142,7 +142,8 @@ def reference_optimizer(
 
 @dataclass
 class SideBySide:
-    """Median seconds per training step and final validation loss of each model."""
+    """Median seconds per training step and final validation loss of each model, and the seconds of
+    each one's first step (which includes any compilation)."""
 
     ours_step: float
     reference_step: float
@@ -150,6 +151,8 @@ class SideBySide:
     reference_val_loss: float
     steps: int
     tokens_per_step: int
+    ours_first_step: float
+    reference_first_step: float
 
     @property
     def speedup(self) -> float:
@@ -226,6 +229,7 @@ def train_side_by_side(
         return time.perf_counter() - t0
 
     times: dict[str, list[float]] = {"ours": [], "reference": []}
+    first: dict[str, float] = {}
     tokens = 0
     for i in range(steps):
         x, y = batches()
@@ -233,6 +237,8 @@ def train_side_by_side(
         runs = {"ours": partial(trainer.train_step, (x, y)), "reference": partial(reference_step, x, y, i)}
         for name in ("ours", "reference") if i % 2 == 0 else ("reference", "ours"):
             seconds = timed(runs[name])
+            if i == 0:
+                first[name] = seconds
             if i >= warmup:
                 times[name].append(seconds)
     return SideBySide(
@@ -242,6 +248,8 @@ def train_side_by_side(
         reference_val_loss=mean_loss(reference, val_batches),
         steps=steps,
         tokens_per_step=tokens,
+        ours_first_step=first["ours"],
+        reference_first_step=first["reference"],
     )
 
 
