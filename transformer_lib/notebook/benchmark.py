@@ -276,8 +276,9 @@ def matmul_flops_per_second(
     seconds: float = 0.2,
 ) -> float:
     """The multiply rate this machine reaches on the products ``(M, K) @ (K, N)`` of ``shapes``, run
-    back to back for about ``seconds`` each round: their total operations over their median time
-    over 5 rounds. A bound on a training step made of these products: its matrix work cannot run faster."""
+    back to back for about ``seconds`` each round: their total operations over the fastest of 5
+    rounds (the best this machine did, so that a moment of load elsewhere does not lower it). A bound
+    on a training step made of these products: its matrix work cannot run faster."""
     device = torch.device(device)
     g = torch.Generator(device=device).manual_seed(0)
     pairs = [
@@ -305,7 +306,7 @@ def matmul_flops_per_second(
         for _ in range(reps):
             run()
         rounds.append((time.perf_counter() - t0) / reps)
-    return flops / statistics.median(rounds)
+    return flops / min(rounds)
 
 
 def gpt_matmul_shapes(n_tokens: int, d_model: int, d_ff: int, vocab_size: int) -> list[tuple[int, int, int]]:
