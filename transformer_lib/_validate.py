@@ -63,12 +63,12 @@ def _validate_token_ids(name: str, idx: object, vocab_size: int, max_len: int | 
     if max_len is not None and idx.shape[1] > max_len:
         raise ValueError(f"{name} has length {idx.shape[1]}, longer than the model's context of {max_len} tokens")
     if idx.numel():
-        _check_token_range(name, idx, vocab_size)
+        _validate_token_range(name, idx, vocab_size)
     return idx.long()
 
 
 @torch.compiler.disable  # a host sync: under torch.compile it runs eagerly, between the compiled graphs
-def _check_token_range(name: str, idx: Tensor, vocab_size: int) -> None:
+def _validate_token_range(name: str, idx: Tensor, vocab_size: int) -> None:
     lo, hi = torch.aminmax(idx)
     lo, hi = int(lo), int(hi)  # one host sync for both bounds
     if lo < 0 or hi >= vocab_size:
