@@ -37,6 +37,8 @@ def distillation_loss(
     Both terms are means over the positions whose target is not ``ignore_index``.
 
     Shapes: student_logits, teacher_logits (..., V); targets (...) -> a scalar.
+
+    Defined in chapter 9, Inference and deployment.
     """
     _validate_tensor("student_logits", student_logits, floating=True)
     _validate_tensor("teacher_logits", teacher_logits, floating=True)

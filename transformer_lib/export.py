@@ -94,6 +94,8 @@ def export_onnx(model: GPT, path: str | Path, example_ids: Tensor | None = None,
     that the file is right at other shapes.
 
     Shapes: example_ids (B, T); the file maps ids (B, T) -> logits (B, T, vocab_size).
+
+    Defined in chapter 9, Inference and deployment.
     """
     if not isinstance(model, GPT):
         raise TypeError(f"model must be a transformer_lib.GPT, got {type(model).__name__}")
@@ -143,6 +145,8 @@ class OnnxGPT:
     ``block_size`` long) before the graph runs.
 
     Shapes: ids (B, T) -> logits (B, T, vocab_size).
+
+    Defined in chapter 9, Inference and deployment.
     """
 
     def __init__(self, path: str | Path, threads: int | None = None) -> None:

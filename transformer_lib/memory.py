@@ -29,7 +29,10 @@ def _storage_key(t: Tensor) -> tuple[int, int]:
 
 def tensor_bytes(tensors: Any) -> int:
     """Bytes of the distinct storages behind ``tensors`` (an iterable of tensors; a view or a tied
-    weight is counted once)."""
+    weight is counted once).
+
+    Defined in chapter 8, Training at scale.
+    """
     seen: dict[tuple[int, int], int] = {}
     for t in tensors:
         if isinstance(t, Tensor) and t.numel():
@@ -43,6 +46,8 @@ def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None = None
     state (e.g. AdamW's moments, which exist after its first step).
 
     Returns ``{"parameters": ..., "gradients": ..., "optimizer": ..., "total": ...}``.
+
+    Defined in chapter 8, Training at scale.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
@@ -65,6 +70,8 @@ def adamw_bytes_per_parameter(param_bytes: int = 4, grad_bytes: int | None = Non
 
     In fp32, 4 + 4 + 2 x 4 = 16 bytes. Mixed-precision recipes that keep a 16-bit copy of the
     weights next to the fp32 master weights add 2 (Rajbhandari et al.'s ZeRO counts 2 + 2 + 12).
+
+    Defined in chapter 8, Training at scale.
     """
     for name, value in (("param_bytes", param_bytes), ("moment_bytes", moment_bytes)):
         _validate_int(name, value, 1)
@@ -76,7 +83,10 @@ def saved_activation_bytes(fn: Callable[[], Tensor]) -> int:
     """Bytes of the tensors autograd saves for the backward pass while ``fn()`` runs (distinct
     storages; parameters and views of them, such as a transposed weight, excluded: they are kept
     anyway). ``fn`` computes a loss; it is not
-    differentiated here."""
+    differentiated here.
+
+    Defined in chapter 8, Training at scale.
+    """
     if not callable(fn):
         raise TypeError(f"fn must be a function computing a loss, got {type(fn).__name__}")
     saved: list[Tensor] = []
@@ -102,6 +112,8 @@ def set_activation_checkpointing(model: nn.Module, enabled: bool = True, blocks:
     gradients are the same; the weights and their names (``state_dict``) do not change. Without
     gradients (evaluation, generation with a cache) the blocks run as usual.
     ``enabled=False`` undoes it. Returns the model.
+
+    Defined in chapter 8, Training at scale.
     """
     layers = getattr(model, blocks, None)
     if not isinstance(layers, nn.ModuleList | nn.Sequential):
@@ -131,7 +143,10 @@ def _with_checkpointing(block: nn.Module) -> Callable[..., Any]:
 def kv_cache_bytes_per_token(n_layers: int, n_kv_heads: int, d_head: int, bytes_per_number: int = 4) -> int:
     """Bytes a KV cache takes per token: a key and a value of ``n_kv_heads * d_head`` numbers in every
     layer, ``2 * n_layers * n_kv_heads * d_head * bytes_per_number``. Grouped-query attention
-    (``n_kv_heads < n_heads``) divides it by ``n_heads / n_kv_heads``; 16-bit numbers halve it."""
+    (``n_kv_heads < n_heads``) divides it by ``n_heads / n_kv_heads``; 16-bit numbers halve it.
+
+    Defined in chapter 9, Inference and deployment.
+    """
     for name, value in (("n_layers", n_layers), ("n_kv_heads", n_kv_heads), ("d_head", d_head)):
         _validate_int(name, value, 1)
     _validate_int("bytes_per_number", bytes_per_number, 1)
@@ -142,5 +157,8 @@ def cache_bytes(caches: Any) -> int:
     """Bytes of the keys and values in a model's KV caches (a list of
     :class:`~transformer_lib.attention.KVCache`): their numbers times their size. (Right after the
     prompt, a cache's keys and values can be views into the fused q/k/v projection, whose storage
-    also holds the queries until the next token replaces it: :func:`tensor_bytes` counts that.)"""
+    also holds the queries until the next token replaces it: :func:`tensor_bytes` counts that.)
+
+    Defined in chapter 9, Inference and deployment.
+    """
     return sum(t.numel() * t.element_size() for cache in caches for t in (cache.k, cache.v) if t is not None)

@@ -27,6 +27,8 @@ class TensorParallelFeedForward(nn.Module):
     network's weight gradients.
 
     Shapes: x (B, T, d_model) -> (B, T, d_model); the shard holds ``d_ff / world_size`` hidden units.
+
+    Defined in chapter 8, Training at scale.
     """
 
     def __init__(self, ff: FeedForward, rank: int, world_size: int) -> None:

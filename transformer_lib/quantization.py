@@ -37,6 +37,8 @@ def quantize_per_channel(weight: Tensor) -> tuple[Tensor, Tensor]:
     exact zeros. The scales are float32 whatever the weight's floating dtype.
 
     Shapes: weight (out_features, in_features) -> q (out_features, in_features) int8, scale (out_features,).
+
+    Defined in chapter 9, Inference and deployment.
     """
     _validate_tensor("weight", weight, ndim=2, floating=True)
     w = weight.detach().float()
@@ -52,6 +54,8 @@ def dequantize(q: Tensor, scale: Tensor) -> Tensor:
     """``q * scale`` row by row: the floating-point weight that int8 ``q`` stands for.
 
     Shapes: q (out_features, in_features) int8, scale (out_features,) -> (out_features, in_features), scale's dtype.
+
+    Defined in chapter 9, Inference and deployment.
     """
     _validate_tensor("q", q, ndim=2)
     if q.dtype != torch.int8:
@@ -73,6 +77,8 @@ class Int8Linear(nn.Module):
     keeps working.
 
     Shapes: x (..., in_features) -> (..., out_features).
+
+    Defined in chapter 9, Inference and deployment.
     """
 
     def __init__(self, weight_int8: Tensor, weight_scale: Tensor, bias: Tensor | None = None) -> None:
@@ -114,6 +120,8 @@ def quantize_weights(model: nn.Module, skip: str | Iterable[str] = ()) -> nn.Mod
     ``skip``: names of Linear modules (as in ``model.named_modules()``) to keep in floating point.
     A Linear whose weight is tied to another module (a GPT's ``lm_head`` and ``tok_emb``) is kept
     as it is, still tied (see the module docstring). ``model`` itself is not changed.
+
+    Defined in chapter 9, Inference and deployment.
     """
     names = _linears_to_quantize(model, skip)
     quantized = copy.deepcopy(model)
@@ -133,6 +141,8 @@ def dynamic_int8(model: nn.Module, skip: str | Iterable[str] = ()) -> nn.Module:
     The library's attention projects q, k and v with one fused matmul over ``q_proj.weight``,
     ``k_proj.weight`` and ``v_proj.weight`` when those are tensors; a dynamically quantized layer has
     no weight tensor to stack, so attention calls its three quantized projections one by one.
+
+    Defined in chapter 9, Inference and deployment.
     """
     names = _linears_to_quantize(model, skip)
     for name, p in model.named_parameters():
@@ -164,6 +174,8 @@ def state_dict_bytes(model: nn.Module) -> int:
 
     Quantized tensors (from :func:`dynamic_int8`) count their int8 data, plus their per-channel scales
     and zero points if they have them; a per-tensor scale is a Python number and is not counted.
+
+    Defined in chapter 9, Inference and deployment.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")

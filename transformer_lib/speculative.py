@@ -140,6 +140,8 @@ def speculative_generate(
     ``stats.target_passes + stats.accepted == stats.generated`` always holds.
 
     Shapes: idx (1, T0) -> (1, T0 + max_new_tokens).
+
+    Defined in chapter 9, Inference and deployment.
     """
     _validate_pair(target, draft)
     idx = _validate_token_ids("idx", idx, target.config.vocab_size)

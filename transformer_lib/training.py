@@ -801,6 +801,8 @@ def init_distributed(device: str | torch.device | None = None) -> torch.device:
     --node_rank=... --rdzv_endpoint=HOST:PORT``: the rendezvous gives every process its rank.
     Without ``torchrun`` it does nothing and returns ``get_device(device)``. Then build a
     :class:`Trainer`: it sees the process group and trains data-parallel.
+
+    Defined in chapter 8, Training at scale.
     """
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or (dist.is_available() and dist.is_initialized()):
         chosen = get_device(device)

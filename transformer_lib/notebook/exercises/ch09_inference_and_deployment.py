@@ -1,0 +1,372 @@
+"""Chapter 9, inference and deployment: the KV cache of a long batch, int8 weights per group, the soft term
+of a distillation loss, and the verify step of speculative decoding.
+
+``check_kv_cache_gib`` (a prediction), ``check_quantize_per_group``, ``check_soft_loss``, ``check_accepted_tokens``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ...quantization import QMAX
+from ._framework import Bug, Checker, checker
+
+__all__ = ["check_kv_cache_gib", "check_quantize_per_group", "check_soft_loss", "check_accepted_tokens"]
+
+
+# --------------------------------------------------------------------------- the KV cache of a long batch
+
+
+LONG_CACHE_SETUP = dict(n_layers=32, n_heads=32, n_kv_heads=8, d_head=128, bytes_per_number=2, n_tokens=32768, batch=4)
+"""The prediction's server: a LLaMA-3-8B-shaped model (grouped-query attention, 8 key/value heads), a bfloat16
+cache, 4 sequences of 32,768 tokens."""
+
+GIB = 2**30
+
+
+def kv_cache_gib(
+    n_layers: int, n_heads: int, n_kv_heads: int, d_head: int, bytes_per_number: int, n_tokens: int, batch: int
+) -> float:
+    """GiB of the KV caches of ``batch`` sequences of ``n_tokens``: a key and a value of ``n_kv_heads * d_head``
+    numbers per layer and token (``n_heads``, the query heads, do not count)."""
+    return 2 * n_layers * n_kv_heads * d_head * bytes_per_number * n_tokens * batch / GIB
+
+
+@checker(answer="value")
+def check_kv_cache_gib(c: Checker, prediction: float) -> None:
+    """Check ``prediction``: the GiB (2**30 bytes) of the bfloat16 KV caches of 4 sequences of 32,768 tokens for a
+    model of 32 layers with 32 query heads of 128 dimensions and 8 key/value heads."""
+    s = LONG_CACHE_SETUP
+    expected = kv_cache_gib(**s)
+    c.case(
+        "GiB of the caches",
+        lambda: prediction,
+        float(expected),
+        bugs=(
+            Bug(
+                lambda: kv_cache_gib(**{**s, "n_kv_heads": s["n_heads"]}),
+                "that is the cache with all 32 heads keeping keys and values. With grouped-query attention only the "
+                "8 key/value heads are cached: each is shared by 4 query heads.",
+            ),
+            Bug(
+                lambda: kv_cache_gib(**{**s, "bytes_per_number": 4}),
+                "a bfloat16 number takes 2 bytes, not 4 (or: did you count all 32 heads and forget the factor 2?).",
+            ),
+            Bug(
+                lambda: kv_cache_gib(**{**s, "batch": 1}),
+                "that is one sequence: each of the 4 sequences of the batch has its own cache.",
+            ),
+            Bug(
+                lambda: expected / 2,
+                "a layer caches a key AND a value for every token: the factor 2.",
+            ),
+            Bug(
+                lambda: expected * GIB / 1e9,
+                "that is in GB (10^9 bytes); a GiB is 2^30 = 1,073,741,824 bytes.",
+            ),
+            Bug(
+                lambda: expected / s["n_layers"],
+                "that is one layer: each of the 32 layers caches its own keys and values.",
+            ),
+            Bug(
+                lambda: kv_cache_gib(**{**s, "n_tokens": 4096}),
+                "that is for 4,096 tokens per sequence; here each holds 32,768.",
+            ),
+        ),
+        hint="bytes = 2 (a key and a value) x n_layers x n_kv_heads x d_head x 2 bytes (bfloat16) x tokens x "
+        "sequences; divide by 2^30 for GiB.",
+        atol=0.05,
+    )
+
+
+# --------------------------------------------------------------------------- int8 with a scale per group
+
+
+def _quantize_per_group(weight: Tensor, group_size: int, *, bug: str = "") -> tuple[Tensor, Tensor]:
+    """Symmetric int8 with one scale per group of ``group_size`` consecutive weights of a row; or a classic bug.
+
+    ``bug``: "truncate" casts without rounding; "128" divides by 128 and clamps to [-128, 127]; "128 wrap" divides
+    by 128 with no clamp (the cast wraps or saturates, as this machine does it); "zero" divides by a zero scale;
+    "row" uses one scale per row, repeated for each group; "columns" groups consecutive rows of a column.
+
+    Shapes: weight (out, in) -> q (out, in) int8, scale (out, in // group_size) float32
+    ("columns": scale (out // group_size, in)).
+    """
+    w = weight.detach().float()
+    out_features, in_features = w.shape
+    if bug == "columns":
+        groups = w.reshape(out_features // group_size, group_size, in_features)
+        scale = groups.abs().amax(dim=1) / QMAX  # (out // g, in)
+        q = torch.round(groups / scale.clamp_min(1e-30)[:, None, :]).clamp(-QMAX, QMAX).to(torch.int8)
+        return q.reshape(out_features, in_features), scale
+    groups = w.reshape(out_features, in_features // group_size, group_size)
+    if bug == "row":
+        row = w.abs().amax(dim=1) / QMAX  # (out,)
+        scale = row[:, None].expand(out_features, in_features // group_size).clone()
+    else:
+        scale = groups.abs().amax(dim=-1) / (128 if bug.startswith("128") else QMAX)  # (out, n_groups)
+    divisor = scale if bug == "zero" else torch.where(scale > 0, scale, torch.ones_like(scale))
+    ratio = groups / divisor[..., None]
+    if bug == "truncate":
+        q = ratio.to(torch.int8)
+    elif bug == "128":
+        q = torch.round(ratio).clamp(-128, 127).to(torch.int8)
+    elif bug in ("128 wrap", "zero"):
+        q = torch.round(ratio).to(torch.int8)
+    else:
+        q = torch.round(ratio).clamp(-QMAX, QMAX).to(torch.int8)
+    return q.reshape(out_features, in_features), scale
+
+
+def _group_weights() -> list[tuple[str, Tensor, int]]:
+    """The checker's weights: plain, with outlier columns, one group of zeros, and a whole row as one group."""
+    g = torch.Generator().manual_seed(9)
+    plain = torch.randn(8, 64, generator=g) * 0.02
+    outliers = torch.randn(32, 128, generator=g) * 0.02
+    outliers[:, 5] *= 40.0  # one outlier feature, as in real large models: it coarsens only its own groups
+    outliers[:, 70] *= 15.0
+    zeros = torch.randn(6, 48, generator=g)
+    zeros[2, 8:16] = 0.0  # a whole group of zeros: its scale is 0
+    return [
+        ("(8, 64) weight, groups of 16", plain, 16),
+        ("(32, 128) weight with two outlier columns, groups of 32", outliers, 32),
+        ("(6, 48) weight with a group of zeros, groups of 8", zeros, 8),
+        ("(8, 64) weight, one group per row (= per-channel quantization)", plain, 64),
+    ]
+
+
+@checker
+def check_quantize_per_group(c: Checker, quantize_per_group: Callable[[Tensor, int], tuple[Tensor, Tensor]]) -> None:
+    """Check ``quantize_per_group(weight, group_size)``: symmetric int8 quantization with one scale per group of
+    ``group_size`` consecutive weights of a row, ``scale = max|w_group| / 127`` (0 for a group of zeros) and
+    ``q = round(w / scale)``.
+
+    Shapes: weight (out_features, in_features) -> q (out_features, in_features) int8,
+    scale (out_features, in_features // group_size) float32.
+    """
+    hint = (
+        "reshape the weight to (out_features, in_features // group_size, group_size): scale = the largest |w| of "
+        "each group / 127, shape (out_features, n_groups); q = round(w / scale), clamped to [-127, 127] and cast "
+        "to int8 (where scale is 0, divide by 1 instead); reshape q back to the weight's shape."
+    )
+    for name, weight, group_size in _group_weights():
+        expected = _quantize_per_group(weight, group_size)
+
+        def buggy(kind: str, w: Tensor = weight, size: int = group_size) -> Callable[[], tuple[Tensor, Tensor]]:
+            return lambda: _quantize_per_group(w, size, bug=kind)
+
+        bugs = [
+            Bug(
+                buggy("truncate"),
+                "round before casting: .to(torch.int8) truncates towards zero, so 2.9 becomes 2 and a weight can be "
+                "off by almost a whole step instead of at most half a step. Use torch.round(w / scale) first.",
+            ),
+            Bug(
+                buggy("128"),
+                "int8's symmetric range is [-127, 127]: divide the largest magnitude by 127, not 128. With 128 the "
+                "largest weight of each group rounds to 128, which int8 cannot hold.",
+            ),
+            Bug(
+                buggy("128 wrap"),
+                "int8's symmetric range is [-127, 127]: divide the largest magnitude by 127, not 128. With 128 the "
+                "largest weight of each group rounds to 128, which int8 cannot hold: the cast wraps it to -128.",
+            ),
+            Bug(
+                buggy("row"),
+                "that is one scale per row (per-channel quantization), repeated for each group: take the largest "
+                "magnitude of each group of group_size weights separately.",
+            ),
+        ]
+        if (weight == 0).any():
+            bugs.append(
+                Bug(
+                    buggy("zero"),
+                    "a group of zeros has scale 0, and 0 / 0 is NaN (which no int8 can hold): divide by "
+                    "torch.where(scale > 0, scale, 1) so that the group's q is 0.",
+                )
+            )
+        if weight.shape[0] % group_size == 0:
+            bugs.append(
+                Bug(
+                    buggy("columns"),
+                    "a group is group_size consecutive weights of one ROW (one output channel, along the input "
+                    "features), not of a column: reshape to (out_features, in_features // group_size, group_size).",
+                )
+            )
+        c.case(
+            name,
+            lambda weight, group_size: quantize_per_group(weight, group_size),
+            expected,
+            bugs=tuple(bugs),
+            hint=hint,
+            inputs={"weight": weight, "group_size": group_size},
+        )
+    weight, group_size = _group_weights()[0][1:]
+    c.case(
+        "q is stored in int8 (1 byte per weight)",
+        lambda weight, group_size: str(quantize_per_group(weight, group_size)[0].dtype),
+        str(torch.int8),
+        hint="cast the rounded integers with .to(torch.int8): an int64 or float tensor takes 8 or 4 bytes per weight.",
+        inputs={"weight": weight, "group_size": group_size},
+    )
+
+
+# --------------------------------------------------------------------------- the soft term of distillation
+
+
+def _soft_loss(student_logits: Tensor, teacher_logits: Tensor, T: float, *, bug: str = "") -> Tensor:
+    """``T**2 * KL(teacher || student)`` at temperature T, summed over the vocabulary and averaged over the rows;
+    or a classic bug: "mean" (F.kl_div's default reduction), "sum", "no T2", "swapped" (KL(student || teacher)),
+    "T" (multiplied by T, not T**2).
+
+    Shapes: student_logits, teacher_logits (N, vocab_size) -> a scalar.
+    """
+    log_p_s = F.log_softmax(student_logits.double() / T, dim=-1)
+    log_p_t = F.log_softmax(teacher_logits.double() / T, dim=-1)
+    if bug == "swapped":
+        kl = (log_p_s.exp() * (log_p_s - log_p_t)).sum(-1)
+    else:
+        kl = (log_p_t.exp() * (log_p_t - log_p_s)).sum(-1)  # (N,)
+    if bug == "mean":
+        value = kl.mean() / student_logits.shape[-1]
+    elif bug == "sum":
+        value = kl.sum()
+    else:
+        value = kl.mean()
+    factor = {"no T2": 1.0, "T": T}.get(bug, T**2)
+    return (factor * value).to(student_logits.dtype)
+
+
+@checker
+def check_soft_loss(c: Checker, soft_loss: Callable[[Tensor, Tensor, float], Tensor]) -> None:
+    """Check ``soft_loss(student_logits, teacher_logits, T)``: the soft term of the distillation loss,
+    ``T**2 * KL(softmax(teacher / T) || softmax(student / T))``, the KL summed over the vocabulary and averaged over
+    the rows (positions).
+
+    Shapes: student_logits, teacher_logits (N, vocab_size); T a float > 0 -> a scalar.
+    """
+    g = torch.Generator().manual_seed(3)
+    cases = (
+        ("N=6 positions, vocabulary 78, T=2", 6, 78, 2.0),
+        ("N=10, vocabulary 20, T=1", 10, 20, 1.0),
+        ("N=4, vocabulary 50, T=4", 4, 50, 4.0),
+    )
+    for name, N, V, T in cases:
+        student = torch.randn(N, V, generator=g) * 2
+        teacher = torch.randn(N, V, generator=g) * 3
+
+        def buggy(kind: str, s: Tensor = student, t: Tensor = teacher, temp: float = T) -> Callable[[], Tensor]:
+            return lambda: _soft_loss(s, t, temp, bug=kind)
+
+        c.case(
+            name,
+            lambda student_logits, teacher_logits, T: soft_loss(student_logits, teacher_logits, T),
+            _soft_loss(student, teacher, T),
+            bugs=(
+                Bug(
+                    buggy("mean"),
+                    "F.kl_div's default reduction='mean' divides by every entry of the (N, vocab_size) tensor, N x "
+                    "vocab_size, not by N: the loss is vocab_size times too small. Pass reduction='batchmean'.",
+                ),
+                Bug(
+                    buggy("sum"),
+                    "reduction='sum' adds the KL of every position: divide by the number of positions "
+                    "(reduction='batchmean'), so that the loss does not grow with the batch.",
+                ),
+                Bug(
+                    buggy("swapped"),
+                    "that is KL(student || teacher): F.kl_div(input, target) takes the student's log-probabilities "
+                    "as input and the teacher's probabilities as target, and computes KL(target || input's "
+                    "distribution).",
+                ),
+                Bug(
+                    buggy("no T2"),
+                    "multiply by T**2: the softened KL's gradients shrink like 1 / T**2, and T**2 restores their size.",
+                ),
+                Bug(buggy("T"), "multiply by T**2, not T."),
+            ),
+            hint="log_p_student = log_softmax(student / T), p_teacher = softmax(teacher / T); "
+            "F.kl_div(log_p_student, p_teacher, reduction='batchmean') * T**2.",
+            inputs={"student_logits": student, "teacher_logits": teacher, "T": T},
+        )
+
+
+# --------------------------------------------------------------------------- the verify step of speculative decoding
+
+
+def _accepted_tokens(proposals: Tensor, choices: Tensor, *, bug: str = "") -> Tensor:
+    """The tokens a round appends: the agreeing prefix of the proposals, then the target's choice after it.
+    ``bug``: "count" keeps as many proposals as agree anywhere; "no extra" forgets the target's token;
+    "draft extra" appends the draft's proposal at the first disagreement; "no bonus" adds nothing when all agree.
+
+    Shapes: proposals (k,), choices (k + 1,) -> (n_accepted + 1,) (``bug`` variants: other lengths).
+    """
+    k = proposals.shape[0]
+    agree = proposals == choices[:k]
+    n = int(agree.sum()) if bug == "count" else int(agree.long().cumprod(dim=0).sum())
+    kept = proposals[:n]
+    if bug == "no extra" or (bug == "no bonus" and n == k):
+        return kept.clone()
+    if bug == "draft extra" and n < k:
+        return proposals[: n + 1].clone()
+    return torch.cat([kept, choices[n : n + 1]])
+
+
+@checker
+def check_accepted_tokens(c: Checker, accepted_tokens: Callable[[Tensor, Tensor], Tensor]) -> None:
+    """Check ``accepted_tokens(proposals, choices)``: the verify step of greedy speculative decoding. ``proposals``
+    holds the draft's k tokens, ``choices`` the target's k + 1 greedy tokens (after the context and after each
+    proposal); the result is the proposals up to the first disagreement, then the target's choice at that position
+    (after the last proposal when all agree).
+
+    Shapes: proposals (k,), choices (k + 1,) int64 -> (n_accepted + 1,) int64.
+    """
+    cases = (
+        ("every proposal agrees: all 4, then the target's bonus token", [5, 6, 7, 8], [5, 6, 7, 8, 1]),
+        ("the first proposal disagrees: only the target's token", [3, 6, 7, 8], [5, 6, 7, 8, 1]),
+        ("agree, agree, disagree, agree", [5, 6, 9, 8], [5, 6, 7, 8, 1]),
+        ("disagree, then agree twice", [2, 6, 7], [4, 6, 7, 0]),
+        ("k = 1, agreeing", [11], [11, 12]),
+        ("k = 6: three agree, one differs, one agrees, one differs", [1, 2, 3, 9, 5, 9], [1, 2, 3, 4, 5, 6, 7]),
+    )
+    for name, proposals, choices in cases:
+        p, t = torch.tensor(proposals), torch.tensor(choices)
+
+        def buggy(kind: str, p: Tensor = p, t: Tensor = t) -> Callable[[], Tensor]:
+            return lambda: _accepted_tokens(p, t, bug=kind)
+
+        c.case(
+            f"{name}: proposals {proposals}, choices {choices}",
+            lambda proposals, choices: accepted_tokens(proposals, choices),
+            _accepted_tokens(p, t),
+            bugs=(
+                Bug(
+                    buggy("count"),
+                    "you count every agreeing proposal, also those after the first disagreement: a proposal after a "
+                    "rejected one was checked against a context the output does not have. Count the agreeing "
+                    "PREFIX: agree.long().cumprod(0).sum().",
+                ),
+                Bug(
+                    buggy("no bonus"),
+                    "when all k proposals agree, the target's choice after the last one, choices[k], comes for free: "
+                    "append it too (k + 1 tokens from one target pass).",
+                ),
+                Bug(
+                    buggy("draft extra"),
+                    "at the first disagreement the token is the TARGET's choice, choices[n], not the draft's "
+                    "rejected proposal.",
+                ),
+                Bug(
+                    buggy("no extra"),
+                    "append the target's own choice after the accepted proposals (at the first disagreement, or the "
+                    "bonus token after the last proposal): every round yields at least one token.",
+                ),
+            ),
+            hint="n = the number of leading proposals equal to the target's choices; return proposals[:n] followed "
+            "by choices[n] (equivalently choices[:n + 1]).",
+            inputs={"proposals": p, "choices": t},
+        )
