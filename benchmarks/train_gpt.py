@@ -73,6 +73,7 @@ def main() -> None:
     tokens_per_s = history.items_per_second * trainer.world_size  # every process trains as many tokens
     say(f"tokens_per_s={tokens_per_s:.0f} val_loss={history.val_loss[-1]:.4f}")
     if dist.is_initialized():
+        del trainer  # its DDP wrapper and optimizer go before the process group they use
         dist.destroy_process_group()
 
 

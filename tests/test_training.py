@@ -352,3 +352,10 @@ def test_compiled_training_follows_the_eager_run_and_saves_plain_weights(tmp_pat
     resumed.load(tmp_path / "ckpt.pt")
     assert resumed.step == 6
     torch.testing.assert_close(resumed.model.state_dict(), compiled.model.state_dict())
+
+
+def test_the_update_is_fused_on_one_cpu_process():
+    """make_optimizer fuses AdamW's update on a device (one process here); under DDP on a CPU it does not
+    (asserted inside the torchrun worker of test_distributed.py)."""
+    assert make_optimizer(tiny_gpt(), 1e-3, 0.1, device=torch.device("cpu")).defaults["fused"]
+    assert not make_optimizer(tiny_gpt(), 1e-3, 0.1).defaults["fused"]
