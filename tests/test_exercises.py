@@ -1,5 +1,6 @@
 """The checkers accept right answers and name the classic bugs in wrong ones, without crashing."""
 
+import copy
 import inspect
 import json
 import math
@@ -21,6 +22,7 @@ from transformer_lib import (
     scaled_dot_product_attention,
     sinusoidal_encoding,
 )
+from transformer_lib.distillation import distillation_loss
 from transformer_lib.norms import LayerNorm
 from transformer_lib.notebook import exercises as ex
 from transformer_lib.notebook.exercises import (
@@ -32,7 +34,10 @@ from transformer_lib.notebook.exercises import (
     ch05_norms_and_residuals,
     ch06_encoder_decoder,
     ch07_decoder_only,
+    ch08_training_at_scale,
+    ch09_inference_and_deployment,
 )
+from transformer_lib.quantization import quantize_per_channel
 from transformer_lib.tasks import seq2seq_loss
 
 
@@ -49,6 +54,33 @@ def library_gqa_step(attn, x, cache):
     kv_cache = KVCache() if cache is None else KVCache(*cache)
     out = attn(x, cache=kv_cache, is_causal=True)
     return out, (kv_cache.k, kv_cache.v)
+
+
+def unscaled_then_clipped_step(model, optimizer, scaler, x, y, max_norm):
+    """One fp16 step as PyTorch's AMP recipe writes it: unscale_ before clipping, then step and update."""
+    optimizer.zero_grad()
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = model(x, y)[1]
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+
+
+def library_attention_shard(attn, x, rank, world_size):
+    """A process's share of attention split by heads: the library's layer with the other heads silenced (their
+    values zeroed, so they output nothing) and without the output bias, which the all-reduce adds once."""
+    mine = copy.deepcopy(attn)
+    per_process = attn.n_heads // world_size
+    others = torch.ones(attn.n_heads, dtype=torch.bool)
+    others[rank * per_process : (rank + 1) * per_process] = False
+    rows = others.repeat_interleave(attn.d_head)  # the value features of the other processes' heads
+    with torch.no_grad():
+        mine.v_proj.weight[rows] = 0
+        mine.v_proj.bias[rows] = 0
+        mine.out_proj.bias.zero_()
+    return mine(x, is_causal=True)
 
 
 # ---------------------------------------------------------------- the framework: @checker and the package layout
@@ -71,6 +103,18 @@ CHAPTER_CHECKERS = {
     },
     ch06_encoder_decoder: {"check_teacher_forcing_loss", "check_smoothed_loss", "check_beam_step"},
     ch07_decoder_only: {"check_encode_word", "check_swiglu_hidden", "check_kv_cache_bytes", "check_gqa_step"},
+    ch08_training_at_scale: {
+        "check_amp_state_bytes",
+        "check_accumulate",
+        "check_scaled_step",
+        "check_attention_shard",
+    },
+    ch09_inference_and_deployment: {
+        "check_kv_cache_gib",
+        "check_quantize_per_group",
+        "check_soft_loss",
+        "check_accepted_tokens",
+    },
 }
 
 # The library's own implementation of each exercise: every checker must accept it.
@@ -103,6 +147,21 @@ REFERENCE_ANSWERS = {
     "check_swiglu_hidden": lambda d_model, multiple_of: multiple_of * -(-int(8 * d_model / 3) // multiple_of),
     "check_encode_word": lambda word, merges: hf_encode_word(word, merges),
     "check_gqa_step": lambda attn, x, cache: library_gqa_step(attn, x, cache),
+    "check_accumulate": lambda model, micro_batches: [
+        (model(x, y)[1] * (y != -100).sum() / sum((t != -100).sum() for _, t in micro_batches)).backward()
+        for x, y in micro_batches
+    ],  # each micro-batch's mean loss weighted by its share of the batch's target tokens
+    "check_scaled_step": unscaled_then_clipped_step,
+    "check_attention_shard": library_attention_shard,
+    "check_quantize_per_group": lambda weight, group_size: (  # each group a row of the library's per-channel
+        lambda q, scale: (q.view(weight.shape), scale.view(weight.shape[0], -1))
+    )(*quantize_per_channel(weight.reshape(-1, group_size))),
+    "check_soft_loss": lambda student_logits, teacher_logits, T: distillation_loss(
+        student_logits, teacher_logits, torch.zeros(student_logits.shape[0], dtype=torch.long), T, alpha=1.0
+    ),  # the library's loss with only its soft term
+    "check_accepted_tokens": lambda proposals, choices: choices[
+        : int((proposals == choices[:-1]).long().cumprod(0).sum()) + 1
+    ],  # the accepted proposals equal the target's choices: the agreeing prefix of choices, plus one
 }
 # The checkers of a value (``@checker(answer="value")``, "predict, then run"): a right prediction each.
 VALUE_ANSWERS: dict[str, object] = {
@@ -127,6 +186,10 @@ VALUE_ANSWERS: dict[str, object] = {
     "check_kv_cache_bytes": ch07_decoder_only.kv_cache_bytes_per_token(
         **ch07_decoder_only.KV_MODEL, dtype=ch07_decoder_only.KV_DTYPE
     ),  # the formula is compared with a measured library cache in test_exercises_ch07.py
+    "check_amp_state_bytes": ch08_training_at_scale.amp_state_bytes_per_parameter(),  # measured: test_exercises_ch08
+    "check_kv_cache_gib": ch09_inference_and_deployment.kv_cache_gib(
+        **ch09_inference_and_deployment.LONG_CACHE_SETUP
+    ),  # compared with the caches of a meta-device model in test_exercises_ch09.py
 }
 CHECKERS = sorted(REFERENCE_ANSWERS)
 VALUE_CHECKERS = sorted(VALUE_ANSWERS)
@@ -360,6 +423,8 @@ TENSOR_INPUT_CHECKERS.remove("check_alibi")  # integers
 TENSOR_INPUT_CHECKERS.remove("check_swiglu_hidden")  # integers
 TENSOR_INPUT_CHECKERS.remove("check_encode_word")  # strings
 TENSOR_INPUT_CHECKERS.remove("check_layer_norm_module")  # a class built from integers; see test_exercises_ch05.py
+TENSOR_INPUT_CHECKERS.remove("check_accumulate")  # a model and a list of micro-batches; see test_exercises_ch08.py
+TENSOR_INPUT_CHECKERS.remove("check_scaled_step")  # given nothing: it builds its own model, optimizer and scaler
 
 
 @pytest.mark.parametrize("name", TENSOR_INPUT_CHECKERS)

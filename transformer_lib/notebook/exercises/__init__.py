@@ -31,6 +31,10 @@ checks a prediction (a number) instead of a function; every call is recorded for
 - ``ch06_encoder_decoder``: ``check_teacher_forcing_loss``, ``check_smoothed_loss``, ``check_beam_step``
 - ``ch07_decoder_only``: ``check_encode_word``, ``check_swiglu_hidden``, ``check_kv_cache_bytes``,
   ``check_gqa_step``
+- ``ch08_training_at_scale``: ``check_amp_state_bytes``, ``check_accumulate``, ``check_scaled_step``,
+  ``check_attention_shard``
+- ``ch09_inference_and_deployment``: ``check_kv_cache_gib``, ``check_quantize_per_group``, ``check_soft_loss``,
+  ``check_accepted_tokens``
 """
 
 from ._framework import Bug, Checker, CheckResult, checker
@@ -51,6 +55,18 @@ from .ch05_norms_and_residuals import (
 )
 from .ch06_encoder_decoder import check_beam_step, check_smoothed_loss, check_teacher_forcing_loss
 from .ch07_decoder_only import check_encode_word, check_gqa_step, check_kv_cache_bytes, check_swiglu_hidden
+from .ch08_training_at_scale import (
+    check_accumulate,
+    check_amp_state_bytes,
+    check_attention_shard,
+    check_scaled_step,
+)
+from .ch09_inference_and_deployment import (
+    check_accepted_tokens,
+    check_kv_cache_gib,
+    check_quantize_per_group,
+    check_soft_loss,
+)
 
 __all__ = [
     "Bug",
@@ -81,4 +97,12 @@ __all__ = [
     "check_swiglu_hidden",
     "check_kv_cache_bytes",
     "check_gqa_step",
+    "check_amp_state_bytes",
+    "check_accumulate",
+    "check_scaled_step",
+    "check_attention_shard",
+    "check_kv_cache_gib",
+    "check_quantize_per_group",
+    "check_soft_loss",
+    "check_accepted_tokens",
 ]

@@ -1,0 +1,191 @@
+"""Chapter 8's checkers: the predicted training state under autocast (measured here), gradient accumulation over
+padded micro-batches (spot the bug: each loss divided by k), a loss-scaled step (spot the bug: clipping the scaled
+gradients) and attention split over processes by heads accept right answers and name the classic mistakes."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from transformer_lib import GPT, GPTConfig, MultiHeadAttention
+from transformer_lib.memory import state_bytes
+from transformer_lib.notebook import exercises as ex
+from transformer_lib.notebook.exercises import ch08_training_at_scale as ch08
+from transformer_lib.training import make_optimizer
+
+# ---------------------------------------------------------------- the training state under autocast (a prediction)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_the_predicted_bytes_per_parameter_are_measured_after_an_autocast_step(dtype):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layers=2, n_heads=2, d_model=16))
+    optimizer = make_optimizer(model, 1e-3, 0.1, device=torch.device("cpu"))
+    x = torch.randint(0, 11, (2, 8))
+    with torch.autocast("cpu", dtype=dtype):
+        loss = model(x, torch.roll(x, -1, 1))[1]
+    loss.backward()
+    optimizer.step()
+    n = sum(p.numel() for p in model.parameters())
+    sizes = state_bytes(model, optimizer)
+    assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in model.parameters())
+    assert sizes["total"] / n == ch08.amp_state_bytes_per_parameter() == 16
+    assert ex.check_amp_state_bytes(sizes["total"] / n).passed
+
+
+@pytest.mark.parametrize(
+    ("wrong", "words"),
+    [(8, "autocast does not convert the model"), (12, "model converted to bf16"), (18, "copies of the weights")],
+)
+def test_amp_state_bytes_names_the_wrong_counts(wrong, words):
+    result = ex.check_amp_state_bytes(wrong)
+    assert not result.passed and words in result.text, result.text
+
+
+# ---------------------------------------------------------------- gradient accumulation over padded micro-batches
+
+
+def starter_accumulate(model, micro_batches):
+    """The exercise's starter: each micro-batch's mean loss divided by the number of micro-batches."""
+    k = len(micro_batches)
+    for x, y in micro_batches:
+        loss = model(x, y)[1]
+        (loss / k).backward()
+
+
+def summed_accumulate(model, micro_batches):
+    """Right, written another way: sums of token losses over the batch's number of targets."""
+    n_targets = sum(int((y != -100).sum()) for _, y in micro_batches)
+    for x, y in micro_batches:
+        logits = model(x)[0]
+        loss = F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=-100, reduction="sum")
+        (loss / n_targets).backward()
+
+
+def test_the_expected_gradient_is_the_mean_over_every_target_token():
+    """Independent of the model's loss: the mean of the per-token losses of the targets that are not ignored."""
+    micro = ch08._micro_batches((2, 2, 2), (0, 3, 7), seed=0)
+    model = ch08._tiny_gpt(0)
+    x, y = torch.cat([m[0] for m in micro]), torch.cat([m[1] for m in micro])
+    per_token = F.cross_entropy(model(x)[0].flatten(0, 1), y.flatten().clamp(min=0), reduction="none")
+    keep = y.flatten() != -100
+    (per_token[keep].sum() / keep.sum()).backward()
+    torch.testing.assert_close(ch08._whole_batch_grads(ch08._tiny_gpt(0), micro), ch08._flat_grads(model))
+    accumulated = ch08._tiny_gpt(0)
+    ch08._accumulate(accumulated, micro)
+    torch.testing.assert_close(ch08._flat_grads(accumulated), ch08._flat_grads(model), rtol=1e-5, atol=1e-7)
+
+
+def test_accumulate_accepts_right_answers_and_names_the_starter_bug():
+    assert ex.check_accumulate(summed_accumulate).passed
+    result = ex.check_accumulate(starter_accumulate)
+    assert not result.passed and "4 of 5 checks failed" in result.text, result.text
+    assert "✅ 2 micro-batches of 2 sequences, no ignored targets" in result.text  # dividing by k is right there
+    assert result.text.count("dividing each micro-batch's loss by k is right only when") == 4
+
+
+@pytest.mark.parametrize(
+    ("rule", "words"),
+    [
+        ("none", "the sum of k means"),
+        ("positions", "count only the target tokens"),
+        ("last", "don't zero them between micro-batches"),
+    ],
+)
+def test_accumulate_names_the_other_bugs(rule, words):
+    result = ex.check_accumulate(lambda model, micro_batches: ch08._accumulate(model, micro_batches, rule=rule))
+    assert not result.passed and words in result.text, result.text
+
+
+def test_accumulate_fails_an_answer_that_rewrites_the_targets_in_place():
+    def fills_padding(model, micro_batches):
+        for _, y in micro_batches:
+            y[y == -100] = 0  # "no more ignored targets": writes into the caller's tensors
+        summed_accumulate(model, micro_batches)
+
+    result = ex.check_accumulate(fills_padding)
+    assert not result.passed and "changed its input in place (micro_batches[1][1])" in result.text, result.text
+
+
+# ---------------------------------------------------------------- a loss-scaled step with clipping
+
+
+def starter_step(model, optimizer, scaler, x, y, max_norm):
+    """The exercise's starter: it clips the scaled gradients."""
+    optimizer.zero_grad()
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = model(x, y)[1]
+    scaler.scale(loss).backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+
+
+def test_the_right_step_skips_an_overflow_and_halves_the_scale():
+    """What the expected answer does, checked against GradScaler's documented rule independently."""
+    model = ch08._tiny_gpt(0)
+    before = ch08._flat_weights(model)
+    weights, scale = ch08._run_steps(ch08._scaled_step, 2.0**40, 1, 0.1)
+    assert torch.equal(weights, before) and scale == 2.0**39  # skipped, backed off by half
+    weights, scale = ch08._run_steps(ch08._scaled_step, 2.0**8, 2, 5.0)
+    assert not torch.equal(weights, before) and scale == 2.0**9  # two good steps (growth_interval=2): doubled
+
+
+def test_scaled_step_names_clipping_before_unscaling():
+    result = ex.check_scaled_step(starter_step)
+    assert not result.passed and "3 of 4 checks failed" in result.text, result.text
+    assert result.text.count("you clip the *scaled* gradients") == 3
+
+
+@pytest.mark.parametrize(
+    ("bug", "words"),
+    [
+        ("no_clip", "clip the unscaled gradients"),
+        ("twice", "scaler.step divides them again"),
+        ("plain_step", "not optimizer.step()"),
+        ("no_update", "call scaler.update() after scaler.step(optimizer)"),
+    ],
+)
+def test_scaled_step_names_the_other_bugs(bug, words):
+    result = ex.check_scaled_step(lambda *args: ch08._scaled_step(*args, bug=bug))
+    assert not result.passed and words in result.text, result.text
+
+
+# ---------------------------------------------------------------- attention split over processes by heads
+
+
+@pytest.mark.parametrize(("n_heads", "world_size"), [(4, 1), (4, 2), (4, 4), (6, 3), (8, 2)])
+def test_the_shares_sum_to_the_library_attention(n_heads, world_size):
+    torch.manual_seed(0)
+    attn = MultiHeadAttention(4 * n_heads, n_heads, bias=True)
+    x = torch.randn(2, 7, 4 * n_heads)
+    shares = ch08._all_shards(ch08._attention_shard, attn, x, world_size)
+    torch.testing.assert_close(shares.sum(0) + attn.out_proj.bias, attn(x, is_causal=True), rtol=1e-5, atol=1e-6)
+    for rank in range(world_size):  # each share: the layer with the other processes' heads silenced
+        silenced = copy.deepcopy(attn)
+        per = n_heads // world_size
+        rows = torch.ones(n_heads, dtype=torch.bool)
+        rows[rank * per : (rank + 1) * per] = False
+        with torch.no_grad():
+            silenced.v_proj.weight[rows.repeat_interleave(attn.d_head)] = 0
+            silenced.v_proj.bias[rows.repeat_interleave(attn.d_head)] = 0
+            silenced.out_proj.bias.zero_()
+        torch.testing.assert_close(shares[rank], silenced(x, is_causal=True), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("bug", "words", "failures"),
+    [
+        ("bias", "adds it world_size times", 4),
+        ("no_mask", "pass is_causal=True", 4),
+        ("interleaved", "contiguous block of heads", 2),
+        ("d_model", "not 1/sqrt(d_model)", 4),
+    ],
+)
+def test_attention_shard_names_the_bugs(bug, words, failures):
+    result = ex.check_attention_shard(lambda *args: ch08._attention_shard(*args, bug=bug))
+    assert not result.passed and f"{failures} of 4 checks failed" in result.text, result.text
+    assert result.text.count(words) == failures, result.text

@@ -1,0 +1,416 @@
+"""Chapter 8, training at scale: the training state under autocast, gradient accumulation over padded
+micro-batches, a loss-scaled step with clipping, and attention split over processes by heads.
+
+``check_amp_state_bytes`` (a prediction), ``check_accumulate``, ``check_scaled_step``, ``check_attention_shard``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ...attention import MultiHeadAttention
+from ...memory import adamw_bytes_per_parameter
+from ...models import GPT, GPTConfig
+from ._framework import Bug, Checker, checker
+
+__all__ = ["check_amp_state_bytes", "check_accumulate", "check_scaled_step", "check_attention_shard"]
+
+IGNORE = -100
+"""The target id that ``GPT``'s loss (``F.cross_entropy``'s ``ignore_index``) leaves out: padding, prompts."""
+
+_TINY = GPTConfig(vocab_size=11, block_size=8, n_layers=1, n_heads=2, d_model=16, bias=False)
+
+
+def _tiny_gpt(seed: int = 0) -> GPT:
+    torch.manual_seed(seed)
+    return GPT(_TINY)
+
+
+def _flat_grads(model: nn.Module) -> Tensor:
+    """Every parameter's gradient (zeros where there is none), flattened into one vector."""
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in model.parameters()])
+
+
+def _flat_weights(model: nn.Module) -> Tensor:
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+# --------------------------------------------------------------------------- the training state under autocast
+
+AMP_DTYPE = torch.bfloat16
+"""The prediction's autocast precision: the matrix products run in bf16."""
+
+
+def amp_state_bytes_per_parameter() -> int:
+    """Bytes of training state per parameter when a model trains with AdamW under ``torch.autocast``: autocast
+    casts *copies* of the weights for each product; the weights, their gradients (a gradient has its parameter's
+    dtype) and AdamW's two moments all stay fp32, 4 + 4 + 2 x 4."""
+    return adamw_bytes_per_parameter(param_bytes=4, moment_bytes=4)
+
+
+@checker(answer="value")
+def check_amp_state_bytes(c: Checker, prediction: float) -> None:
+    """Check ``prediction``: the bytes per parameter of a model's training state (weights, gradients, AdamW's
+    moments) after a step taken under ``torch.autocast`` in bf16."""
+    c.case(
+        "bytes per parameter",
+        lambda: prediction,
+        float(amp_state_bytes_per_parameter()),
+        bugs=(
+            Bug(
+                lambda: 8,
+                "autocast does not convert the model: the weights stay fp32 (4 bytes), and so do their gradients "
+                "and AdamW's moments. Only the copies that each matrix product makes are bf16.",
+            ),
+            Bug(
+                lambda: 12,
+                "2 + 2 + 8 would be a model converted to bf16 (model.to(torch.bfloat16)) with fp32 moments. "
+                "Autocast leaves the weights in fp32, so their gradients are fp32 too.",
+            ),
+            Bug(
+                lambda: 18,
+                "the bf16 copies of the weights exist only while a product runs (and as saved activations for "
+                "the backward pass), not in the training state between steps.",
+            ),
+            Bug(lambda: 4, "the weights are only a quarter of it: count their gradients and AdamW's two moments."),
+            Bug(lambda: 10, "AdamW keeps two moments per parameter (the mean and the mean square), in fp32."),
+        ),
+        hint="what does autocast change: the parameters' dtype, or only the inputs of each matrix product? "
+        "Then count the weight, its gradient and AdamW's two moments, in bytes.",
+        atol=0.01,
+    )
+
+
+# --------------------------------------------------------------------------- gradient accumulation with ignored targets
+
+
+def _accumulate(model: nn.Module, micro_batches: list[tuple[Tensor, Tensor]], *, rule: str = "tokens") -> None:
+    """Accumulate the gradient of the batch's mean loss over its micro-batches, or one of the classic bugs.
+
+    ``rule="tokens"`` weights each micro-batch's mean loss by its share of the batch's target tokens (right);
+    ``"k"`` divides each by the number of micro-batches; ``"none"`` adds the means; ``"positions"`` weights by
+    the share of positions, ignored ones included; ``"last"`` zeroes the gradients before each micro-batch.
+    """
+    k = len(micro_batches)
+    n_targets = sum(int((y != IGNORE).sum()) for _, y in micro_batches)
+    n_positions = sum(y.numel() for _, y in micro_batches)
+    for x, y in micro_batches:
+        if rule == "last":
+            model.zero_grad()
+        loss = model(x, y)[1]
+        weight = {
+            "tokens": int((y != IGNORE).sum()) / n_targets,
+            "k": 1 / k,
+            "none": 1.0,
+            "positions": y.numel() / n_positions,
+            "last": 1 / k,
+        }[rule]
+        (loss * weight).backward()
+
+
+def _whole_batch_grads(model: nn.Module, micro_batches: list[tuple[Tensor, Tensor]]) -> Tensor:
+    """The gradient of the mean loss over every target token of the batch, in one forward and backward pass."""
+    x = torch.cat([x for x, _ in micro_batches])
+    y = torch.cat([y for _, y in micro_batches])
+    model.zero_grad()
+    model(x, y)[1].backward()
+    return _flat_grads(model)
+
+
+def _micro_batches(sizes: tuple[int, ...], ignored: tuple[int, ...], seed: int) -> list[tuple[Tensor, Tensor]]:
+    """Micro-batches of ``sizes[i]`` sequences of 8 tokens whose last ``ignored[i]`` targets are ``IGNORE``."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for size, n_ignored in zip(sizes, ignored, strict=True):
+        x = torch.randint(0, _TINY.vocab_size, (size, _TINY.block_size), generator=g)
+        y = torch.roll(x, -1, dims=1)
+        if n_ignored:
+            y[:, -n_ignored:] = IGNORE  # padding at the end of each sequence
+        out.append((x, y))
+    return out
+
+
+def _grads_after(accumulate: Callable[..., Any], model: nn.Module, micro_batches: list) -> Tensor:
+    accumulate(model, micro_batches)
+    return _flat_grads(model)
+
+
+@checker
+def check_accumulate(c: Checker, accumulate: Callable[[nn.Module, list], Any]) -> None:
+    """Check ``accumulate(model, micro_batches)``: after it, the gradients of ``model`` (a ``GPT``, whose loss is the
+    mean over the targets that are not -100) are those of the mean loss over every target token of the whole batch,
+    as one forward and backward pass on the concatenated micro-batches would give.
+
+    Shapes: micro_batches a list of (x, y), each (B_i, T) token ids; y is -100 where a target is ignored.
+    """
+    cases = (
+        ("2 micro-batches of 2 sequences, no ignored targets", (2, 2), (0, 0)),
+        ("2 micro-batches, the second one's last 6 targets ignored (padding)", (2, 2), (0, 6)),
+        ("3 micro-batches with 0, 3 and 7 ignored targets per sequence", (2, 2, 2), (0, 3, 7)),
+        ("micro-batches of 3 and 1 sequences, no ignored targets", (3, 1), (0, 0)),
+        ("micro-batches of 3 and 1 sequences, the first one's last 4 targets ignored", (3, 1), (4, 0)),
+    )
+    hints = {
+        "k": "dividing each micro-batch's loss by k is right only when every micro-batch has the same number of "
+        "target tokens. Each loss is a mean over its own targets: weight it by its share of the whole batch's "
+        "targets, n_i / N with n_i = (y != -100).sum().",
+        "none": "the gradients add up over the micro-batches: without scaling each loss you get the sum of k means, "
+        "about k times the gradient of the batch's mean.",
+        "positions": "count only the target tokens that enter the loss, (y != -100).sum(), not every position: the "
+        "ignored ones contribute nothing to the mean.",
+        "last": "the gradients of the micro-batches must add up: don't zero them between micro-batches (only once, "
+        "before the first).",
+    }
+    for i, (name, sizes, ignored) in enumerate(cases):
+        micro = _micro_batches(sizes, ignored, seed=i)
+        model = _tiny_gpt(seed=i)
+        expected = _whole_batch_grads(_tiny_gpt(seed=i), micro)
+        bugs = tuple(
+            Bug(
+                lambda r=rule, s=i, mb=micro: _grads_after(lambda a, b: _accumulate(a, b, rule=r), _tiny_gpt(s), mb),
+                hint,
+            )
+            for rule, hint in hints.items()
+        )
+        c.case(
+            name,
+            lambda model, micro_batches: _grads_after(accumulate, model, micro_batches),
+            expected,
+            bugs=bugs,
+            hint="the batch's mean loss is (sum of every target token's loss) / N, N the number of targets that are "
+            "not -100 in the whole batch: backpropagate loss_i * n_i / N for micro-batch i, n_i its own count.",
+            inputs={"model": model, "micro_batches": micro},
+        )
+
+
+# --------------------------------------------------------------------------- a loss-scaled step with clipping
+
+
+def _scaled_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    x: Tensor,
+    y: Tensor,
+    max_norm: float,
+    *,
+    bug: str = "",
+) -> None:
+    """One fp16 training step with loss scaling and gradient clipping, or one of its classic bugs.
+
+    ``bug="clip_scaled"`` clips the scaled gradients; ``"no_clip"`` never clips; ``"twice"`` divides the
+    gradients by the scale by hand, which ``scaler.step`` does again; ``"no_update"`` never updates the scale
+    (GradScaler then refuses the next step); ``"plain_step"`` calls ``optimizer.step()``, which also steps after
+    an overflow.
+    """
+    optimizer.zero_grad()
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = model(x, y)[1]
+    scaler.scale(loss).backward()
+    if bug == "twice":
+        for p in model.parameters():
+            if p.grad is not None:
+                p.grad /= scaler.get_scale()
+    elif bug != "clip_scaled":
+        scaler.unscale_(optimizer)
+    if bug != "no_clip":
+        nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    if bug == "plain_step":
+        optimizer.step()
+    else:
+        scaler.step(optimizer)
+    if bug != "no_update":
+        scaler.update()
+
+
+SCALED_STEP_LR = 1e-2
+
+
+def _nan_to_zero(result: tuple[Tensor, float]) -> tuple[Tensor, float]:
+    """A buggy step's weights as the checker compares them with the answer's: NaN read as 0."""
+    return result[0].nan_to_num(0.0), result[1]
+
+
+def _scaler_error_hint(error: Exception) -> str:
+    """What GradScaler's own errors mean for the answer."""
+    text = str(error)
+    if "unscale_() is being called after step()" in text:
+        return (
+            "call scaler.update() after scaler.step(optimizer), at every step: it halves the scale after an "
+            "overflow, grows it after growth_interval good steps, and readies the scaler for the next step."
+        )
+    if "unscale_() has already been called" in text:
+        return "unscale_ may be called once per step, before scaler.step (which then does not unscale again)."
+    return ""
+
+
+def _run_steps(step: Callable[..., Any], init_scale: float, n_steps: int, max_norm: float) -> tuple[Tensor, float]:
+    """The weights and the scale after ``n_steps`` calls of ``step`` on a fresh tiny GPT, AdamW and GradScaler."""
+    model = _tiny_gpt(seed=0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=SCALED_STEP_LR)
+    scaler = torch.amp.GradScaler("cpu", init_scale=init_scale, growth_interval=2)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(n_steps):
+        x = torch.randint(0, _TINY.vocab_size, (4, _TINY.block_size), generator=g)
+        step(model, optimizer, scaler, x, torch.roll(x, -1, dims=1), max_norm)
+    return _flat_weights(model), float(scaler.get_scale())
+
+
+@checker
+def check_scaled_step(c: Checker, scaled_step: Callable[..., Any]) -> None:
+    """Check ``scaled_step(model, optimizer, scaler, x, y, max_norm)``: one training step of ``model`` (a ``GPT``)
+    under ``torch.autocast`` in fp16 on the CPU, with the loss scaled by ``scaler`` (a ``torch.amp.GradScaler``),
+    the *true* gradients clipped to a norm of at most ``max_norm``, the step skipped when a gradient overflowed,
+    and the scale updated.
+
+    The checker runs a few steps on a fresh model, AdamW and GradScaler, and compares the weights and the scale
+    with the right step's. Shapes: x, y (B, T) token ids.
+    """
+    cases = (
+        ("1 step at scale 2**12, max_norm 5 (above the gradient's norm: no clipping)", 2.0**12, 1, 5.0),
+        ("3 steps at scale 2**12, max_norm 0.1 (clipping)", 2.0**12, 3, 0.1),
+        ("3 steps at scale 2**8, max_norm 5", 2.0**8, 3, 5.0),
+        ("2 steps from scale 2**40: the first overflows and is skipped", 2.0**40, 2, 0.1),
+    )
+    hints = {
+        "clip_scaled": "you clip the *scaled* gradients: their norm is the true norm times the scale, "
+        "so clipping cuts them far too much, and scaler.step then divides them by the scale. Call "
+        "scaler.unscale_(optimizer) before clip_grad_norm_, so that max_norm applies to the true gradients.",
+        "no_clip": "clip the unscaled gradients: scaler.unscale_(optimizer), then "
+        "torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm), then scaler.step(optimizer).",
+        "twice": "dividing the gradients by scaler.get_scale() yourself leaves the scaler unaware: scaler.step "
+        "divides them again. scaler.unscale_(optimizer) unscales once and records it.",
+        "plain_step": "step with scaler.step(optimizer), not optimizer.step(): it skips the step when a gradient "
+        "overflowed (inf or NaN), instead of writing NaN into the weights.",
+    }
+    for name, init_scale, n_steps, max_norm in cases:
+        expected = _run_steps(_scaled_step, init_scale, n_steps, max_norm)
+        bugs = tuple(
+            Bug(
+                lambda b=bug, s=init_scale, n=n_steps, m=max_norm: _nan_to_zero(
+                    _run_steps(lambda *args: _scaled_step(*args, bug=b), s, n, m)
+                ),
+                hint,
+            )
+            for bug, hint in hints.items()
+        )
+        c.case(
+            name,
+            lambda s=init_scale, n=n_steps, m=max_norm: _run_steps(scaled_step, s, n, m),
+            expected,
+            bugs=bugs,
+            hint="zero the gradients; the forward pass under autocast; scaler.scale(loss).backward(); "
+            "scaler.unscale_(optimizer); clip; scaler.step(optimizer); scaler.update().",
+            error_hint=_scaler_error_hint,
+            atol=1e-6,
+        )
+
+
+# --------------------------------------------------------------------------- attention split over processes by heads
+
+
+def _attention_shard(
+    attn: MultiHeadAttention,
+    x: Tensor,
+    rank: int,
+    world_size: int,
+    *,
+    bug: str = "",
+) -> Tensor:
+    """Process ``rank``'s share of causal self-attention when the heads are split over ``world_size`` processes
+    (Megatron): its block of heads, their slice of W_q, W_k, W_v (by output features) and of W_o (by input
+    features), without W_o's bias. The shares of all processes sum to the output minus that bias.
+
+    ``bug="bias"`` adds the bias in every share; ``"no_mask"`` forgets the causal mask; ``"interleaved"`` gives
+    process r the heads r, r + world_size, ...; ``"d_model"`` scales the scores by 1/sqrt(d_model).
+
+    Shapes: x (B, T, d_model) -> (B, T, d_model).
+    """
+    B, T, _ = x.shape
+    per_process = attn.n_heads // world_size
+    if bug == "interleaved":
+        heads = torch.arange(rank, attn.n_heads, world_size)
+    else:
+        heads = torch.arange(rank * per_process, (rank + 1) * per_process)
+    features = (heads[:, None] * attn.d_head + torch.arange(attn.d_head)).flatten()  # the heads' columns
+
+    def project(linear: nn.Linear) -> Tensor:  # (B, per_process, T, d_head)
+        bias = None if linear.bias is None else linear.bias[features]
+        return F.linear(x, linear.weight[features], bias).view(B, T, per_process, attn.d_head).transpose(1, 2)
+
+    q, k, v = project(attn.q_proj), project(attn.k_proj), project(attn.v_proj)
+    scale = 1 / math.sqrt(attn.d_model) if bug == "d_model" else None
+    out = F.scaled_dot_product_attention(
+        q, k, v, is_causal=bug != "no_mask", scale=scale
+    )  # (B, per_process, T, d_head)
+    out = out.transpose(1, 2).reshape(B, T, per_process * attn.d_head)
+    partial = out @ attn.out_proj.weight[:, features].T  # (B, T, d_model): W_o's rows for these heads
+    if bug == "bias" and attn.out_proj.bias is not None:
+        partial = partial + attn.out_proj.bias
+    return partial
+
+
+def _all_shards(shard: Callable[..., Tensor], attn: MultiHeadAttention, x: Tensor, world_size: int) -> Tensor:
+    """Every process's share, stacked: (world_size, B, T, d_model)."""
+    return torch.stack([shard(attn, x, rank, world_size) for rank in range(world_size)])
+
+
+@checker
+def check_attention_shard(
+    c: Checker, attention_shard: Callable[[MultiHeadAttention, Tensor, int, int], Tensor]
+) -> None:
+    """Check ``attention_shard(attn, x, rank, world_size)``: process ``rank``'s share of the causal self-attention
+    ``attn(x, is_causal=True)`` when its heads are split over ``world_size`` processes, Megatron-style. Process r
+    holds the heads ``r * n_heads / world_size`` to ``(r + 1) * n_heads / world_size - 1``, the matching output
+    features of ``q_proj``, ``k_proj``, ``v_proj`` and input features of ``out_proj``; its share leaves out
+    ``out_proj``'s bias, which is added once after the all-reduce. The shares of all processes sum to
+    ``attn(x, is_causal=True) - attn.out_proj.bias``.
+
+    Shapes: x (B, T, d_model) -> (B, T, d_model).
+    """
+    cases = (
+        ("4 heads over 1 process", 4, 1),
+        ("4 heads over 2 processes", 4, 2),
+        ("4 heads over 4 processes: one head each", 4, 4),
+        ("6 heads over 3 processes, B=1", 6, 3),
+    )
+    hints = {
+        "bias": "out_proj's bias belongs to the sum, not to each share: with it in every share, the all-reduce "
+        "adds it world_size times. Leave it out; it is added once after the sum.",
+        "no_mask": "this is causal self-attention: pass is_causal=True (or a causal mask) to the attention.",
+        "interleaved": "process r holds a contiguous block of heads, r * n_heads / world_size onwards, not every "
+        "world_size-th head (the sum is the same, but each process's weights are the wrong slices).",
+        "d_model": "each head scales its scores by 1/sqrt(d_head), the size of one head, not 1/sqrt(d_model).",
+    }
+    for i, (name, n_heads, world_size) in enumerate(cases):
+        torch.manual_seed(i)
+        d_model = 4 * n_heads
+        attn = MultiHeadAttention(d_model, n_heads, bias=True)
+        x = torch.randn(1 if "B=1" in name else 2, 5, d_model)
+        expected = _all_shards(_attention_shard, attn, x, world_size)
+        bugs = tuple(
+            Bug(
+                lambda b=bug, a=attn, xx=x, w=world_size: _all_shards(
+                    lambda *args: _attention_shard(*args, bug=b), a, xx, w
+                ),
+                hint,
+            )
+            for bug, hint in hints.items()
+            if not (bug == "interleaved" and world_size in (1, n_heads))  # the same split there
+        )
+        c.case(
+            name,
+            lambda attn, x, w=world_size: _all_shards(attention_shard, attn, x, w),
+            expected,
+            bugs=bugs,
+            hint="take the rows h * d_head ... (h + 1) * d_head - 1 of q_proj/k_proj/v_proj's weight and bias for each "
+            "of your heads h, attend causally within those heads, merge them, and multiply by the same columns of "
+            "out_proj.weight (out_proj.weight[:, features].T), without the bias.",
+            inputs={"attn": attn, "x": x},
+        )
