@@ -311,6 +311,40 @@ def test_autocast_dtype_follows_the_hardware(monkeypatch):
     assert autocast_dtype(torch.device("mps")) is None
 
 
+def test_the_precision_switch_overrides_the_hardware_for_every_device(monkeypatch):
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
+    cpu = torch.device("cpu")
+    monkeypatch.setenv("TRANSFORMER_LIB_PRECISION", "fp32")
+    assert autocast_dtype(cpu) is None  # forced fp32 even where bf16 is native
+    monkeypatch.setenv("TRANSFORMER_LIB_PRECISION", "auto")
+    assert autocast_dtype(cpu) == torch.bfloat16
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    monkeypatch.setenv("TRANSFORMER_LIB_PRECISION", " BF16 ")
+    assert autocast_dtype(cpu) == torch.bfloat16  # forced bf16 even where it is emulated
+    monkeypatch.setenv("TRANSFORMER_LIB_PRECISION", "fp16")
+    assert autocast_dtype(torch.device("mps")) == torch.float16
+    monkeypatch.delenv("TRANSFORMER_LIB_PRECISION")
+    assert autocast_dtype(cpu) is None  # unset means auto, read at call time
+
+
+@pytest.mark.parametrize("value", ["bogus", "float32", "fp8"])
+def test_an_unknown_precision_is_a_value_error_naming_the_choices(monkeypatch, value):
+    monkeypatch.setenv("TRANSFORMER_LIB_PRECISION", value)
+    with pytest.raises(ValueError, match=f"TRANSFORMER_LIB_PRECISION must be one of auto, fp32, bf16, fp16, got '{value}'"):
+        autocast_dtype(torch.device("cpu"))
+
+
+def test_the_trainer_follows_the_precision_switch(monkeypatch):
+    monkeypatch.setenv("TRANSFORMER_LIB_PRECISION", "fp32")
+    assert trainer(tiny_gpt(), steps=2).amp_dtype is None
+    monkeypatch.setenv("TRANSFORMER_LIB_PRECISION", "fp16")
+    t = trainer(tiny_gpt(), steps=4)
+    assert t.amp_dtype == torch.float16 and t.scaler.is_enabled()  # fp16 on a CPU: with its loss scaler
+    t.fit()
+    assert t.step == 4
+
+
 @pytest.mark.slow
 def test_cpu_mixed_precision_multiplies_in_bf16_and_learns_like_fp32(monkeypatch):
     monkeypatch.setattr(training, "autocast_dtype", lambda device: torch.bfloat16)  # also on CPUs without it

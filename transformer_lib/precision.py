@@ -7,9 +7,27 @@ stream, the attention core on the CPU, the output logits and the loss stay in fp
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+
+PRECISION_ENV = "TRANSFORMER_LIB_PRECISION"
+PRECISIONS = {"auto": None, "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def precision_override() -> str:
+    """The value of ``TRANSFORMER_LIB_PRECISION`` (``auto`` when unset), checked.
+
+    Read at every call, so a kernel started with the variable set runs the whole book that way.
+    Raises ValueError for anything but auto, fp32, bf16 or fp16 (case and spaces ignored).
+    """
+    value = os.environ.get(PRECISION_ENV, "auto").strip().lower() or "auto"
+    if value not in PRECISIONS:
+        raise ValueError(f"{PRECISION_ENV} must be one of {', '.join(PRECISIONS)}, got {os.environ[PRECISION_ENV]!r}")
+    return value
 
 
 def autocast_dtype(device: torch.device) -> torch.dtype | None:
@@ -17,11 +35,18 @@ def autocast_dtype(device: torch.device) -> torch.dtype | None:
 
     CUDA: bf16 where the GPU has it, else fp16 (with loss scaling). CPU: bf16 only on
     processors that multiply bf16 matrices in hardware (AVX512-BF16 or AMX, e.g. recent
-    Xeon and EPYC; on a Zen 4 EPYC chapter 7's matmuls ran 2.5x faster in bf16), elsewhere
-    bf16 is emulated and slower.
+    Xeon and EPYC), elsewhere bf16 is emulated and slower.
+
+    The environment variable ``TRANSFORMER_LIB_PRECISION`` overrides this choice for the whole
+    process: ``auto`` (the default) as above, ``fp32`` (None: no autocast anywhere), ``bf16`` or
+    ``fp16`` (that dtype, on any device, even where it is emulated and slow).
 
     Defined in chapter 7, Decoder-only.
     """
+    override = precision_override()
+    if override != "auto":
+        dtype = PRECISIONS[override]
+        return None if dtype == torch.float32 else dtype
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     if device.type == "cpu":

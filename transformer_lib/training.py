@@ -287,7 +287,7 @@ class Trainer:
         self.step = 0
         self.history = History()
         self.amp_dtype = autocast_dtype(self.device) if config.amp else None
-        self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp_dtype == torch.float16)
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp_dtype == torch.float16)
         self._reset_nonfinite()
 
     @property
