@@ -35,7 +35,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 QUIET_PIP := { grep -v "is ignored: it is neither a file nor a directory" || true; }
 
-.PHONY: setup book lint test test-fast test-lib browser student colab grade lock clean
+.PHONY: setup book lint test test-fast test-lib browser student colab grade lock busy-check fp32-check reseed-check clean
 
 # torch first (TORCH, from TORCH_INDEX when set), so that requirements.txt's torch>=2.4 takes the
 # build chosen here; then requirements.txt (the book build: the package's extras [book] and [dev],
@@ -110,6 +110,19 @@ lock:
 	BOOK_LOCK=$(LATEST_VENV)/$(LOCK) $(MAKE) VENV=$(LATEST_VENV) CONSTRAINTS= $(LOCK_CHECKS)
 	cp $(LATEST_VENV)/$(LOCK) $(LOCK)
 	@echo "lock: $(LOCK) rewritten from $(LATEST_VENV); \`make setup\` installs it into $(VENV)"
+
+# The chapters executed in fresh kernels as the book build runs them, under another configuration
+# (scripts/execute_chapters.py; executed notebooks and times.json in _build/checks/). Each prints one
+# line per chapter and fails when a chapter does.
+# A busy machine: one busy-loop process beside the chapters that time things.
+busy-check: setup
+	$(BIN)/python scripts/execute_chapters.py 3 6 7 8 9 --busy 1 --out _build/checks/busy
+# Every chapter in fp32 (TRANSFORMER_LIB_PRECISION=fp32), the precision of CPUs without native bf16.
+fp32-check: setup
+	$(BIN)/python scripts/execute_chapters.py --precision fp32 --out _build/checks/fp32
+# Every chapter with other seeds: each seed a chapter sets, plus 1000.
+reseed-check: setup
+	$(BIN)/python scripts/execute_chapters.py --reseed 1000 --out _build/checks/reseed
 
 clean:
 	rm -rf _build
