@@ -2,13 +2,21 @@
 """Build the HTML book: vendor the browser scripts, then ``jupyter-book build . -W -n --keep-going``.
 
 Notebooks are executed through jupyter-cache (``execute_notebooks: cache``), which re-runs a
-notebook only when its code cells change. The chapters also depend on ``transformer_lib``,
-which the cache does not see, so this script hashes the library's sources and, when they
-changed since the last successful build, clears the execution cache and rebuilds with a
-fresh Sphinx environment: every chapter then runs against the current library.
+notebook only when its code cells change. The chapters' outputs also depend on what the cache
+does not see, so this script records it and, when any of it changed since the last successful
+build, clears the execution cache and rebuilds with a fresh Sphinx environment: every chapter
+then runs again. What it records:
 
-On success it writes ``_build/.book-build.json`` (library hash, duration); tests/test_book.py
-rebuilds when a source is newer than that file.
+- the library: a hash of ``transformer_lib``'s sources;
+- the precision: ``TRANSFORMER_LIB_PRECISION`` as the kernels will read it (``auto`` when unset;
+  checked by ``transformer_lib.precision.precision_override``, so a bogus value stops the build
+  before anything runs). A build with ``TRANSFORMER_LIB_PRECISION=fp32`` never shows outputs
+  computed in bf16 under ``auto``, nor the other way round;
+- the packages: a hash of the installed versions of torch and of every package requirements.txt
+  names (``make lock`` builds the book in another environment, with the newest versions).
+
+On success it writes ``_build/.book-build.json`` (library hash, precision, packages hash,
+duration); tests/test_book.py rebuilds when a source is newer than that file.
 
 Usage: python scripts/build_book.py [--fresh] [extra jupyter-book build options]
   --fresh   re-read every page (jupyter-book --all), so every warning is reported again;
@@ -31,6 +39,7 @@ BUILD = ROOT / "_build"
 CACHE = BUILD / ".jupyter_cache"
 STAMP = BUILD / ".book-build.json"
 LIBRARY = ROOT / "transformer_lib"
+REQUIREMENTS = ROOT / "requirements.txt"
 
 
 def library_hash() -> str:
@@ -40,6 +49,34 @@ def library_hash() -> str:
         if "__pycache__" in path.parts:
             continue
         h.update(path.relative_to(ROOT).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def precision() -> str:
+    """``TRANSFORMER_LIB_PRECISION`` as the chapters' kernels will read it; ValueError if bogus."""
+    from transformer_lib.precision import precision_override
+
+    return precision_override()
+
+
+def packages_hash() -> str:
+    """SHA-256 over the installed versions of torch and of the packages requirements.txt names."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    names = {"torch"}
+    for line in REQUIREMENTS.read_text(encoding="utf-8").splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            names.add(Requirement(line).name.lower())
+    h = hashlib.sha256()
+    for name in sorted(names):
+        try:
+            version = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            version = "(not installed)"
+        h.update(f"{name}=={version}\0".encode())
     return h.hexdigest()
 
 
@@ -60,16 +97,23 @@ def main(argv: list[str]) -> int:
     sys.path.insert(0, str(ROOT / "scripts"))
     import vendor_js
 
+    try:
+        current = {"library_sha256": library_hash(), "precision": precision(), "packages_sha256": packages_hash()}
+    except ValueError as e:
+        print(f"build_book: {e}", file=sys.stderr)
+        return 2
     if vendor_js.main([]) != 0:
         return 1
-    lib = library_hash()
-    previous = json.loads(STAMP.read_text()).get("library_sha256") if STAMP.is_file() else None
-    if previous != lib and CACHE.exists():
-        print("build_book: transformer_lib changed since the last build; clearing the execution cache")
-        shutil.rmtree(CACHE)
+    previous = json.loads(STAMP.read_text()) if STAMP.is_file() else {}
+    previous.setdefault("precision", "auto")  # stamps from before the variable existed: always auto
+    changed = [key for key in current if previous.get(key) != current[key]]
+    if changed:
+        what = ", ".join(key.removesuffix("_sha256") for key in changed)
+        if CACHE.exists():
+            print(f"build_book: {what} changed since the last build; clearing the execution cache")
+            shutil.rmtree(CACHE)
         fresh = True
-    if previous != lib:
-        fresh = True
+    print(f"build_book: TRANSFORMER_LIB_PRECISION={current['precision']}")
     cmd = [jupyter_book(), "build", ".", "-W", "-n", "--keep-going", *(["--all"] if fresh else []), *extra]
     print("build_book:", " ".join(cmd), flush=True)
     start = time.perf_counter()
@@ -79,7 +123,7 @@ def main(argv: list[str]) -> int:
     seconds = time.perf_counter() - start
     print(f"build_book: jupyter-book exited with {rc} after {seconds:.1f} s")
     if rc == 0:
-        STAMP.write_text(json.dumps({"library_sha256": lib, "seconds": round(seconds, 1), "fresh": fresh}) + "\n")
+        STAMP.write_text(json.dumps({**current, "seconds": round(seconds, 1), "fresh": fresh}) + "\n")
     elif STAMP.exists():
         STAMP.unlink()  # a failed build is never "up to date"
     return rc

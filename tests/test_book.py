@@ -120,6 +120,15 @@ def _stale() -> str | None:
     newer = [p for p in _sources() if p.stat().st_mtime > built]
     if newer:
         return f"{len(newer)} source(s) changed, e.g. {newer[0].relative_to(ROOT)}"
+    # What no file's time shows: the precision the chapters run in, and the installed packages.
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import build_book
+
+    stamp = json.loads(STAMP.read_text())
+    if stamp.get("precision", "auto") != build_book.precision():
+        return f"built with TRANSFORMER_LIB_PRECISION={stamp.get('precision', 'auto')}, now {build_book.precision()}"
+    if stamp.get("packages_sha256") != build_book.packages_hash():
+        return "the installed packages changed since the last build"
     missing = [d for d in DOCS if not (HTML / f"{d}.html").is_file()]
     if missing:
         return f"pages missing: {missing}"
