@@ -18,7 +18,7 @@ Usage: python scripts/execute_chapters.py [NUMBER ...] [options]   (default: eve
                   set_seed(0), manual_seed(1), seed=0, seed = 2, SEED = 0, SEEDS = (0, 1, 2)
                   (and lower-case ``seeds = (0, 1)``); prints how many it replaced per chapter
   --out DIR       write the executed notebooks and times.json ({chapter: {seconds, ok, error,
-                  errors, ...}}) there
+                  errors, ...}}) there (a bare `assert` is reported by its failing line)
   --allow-errors  run past a failing cell and record every failing cell, not only the first
 
 Exit status 1 when any chapter failed. `make busy-check`, `make fp32-check` and
@@ -181,19 +181,32 @@ class ChapterRun:
         return f"{self.name:30s} {self.seconds:7.1f} s  {status}{more}"
 
 
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
 def _first_line(text: str) -> str:
-    return next((line.strip() for line in text.splitlines() if line.strip()), "").replace("\n", " ")[:300]
+    return next((line.strip() for line in text.splitlines() if line.strip()), "")[:300]
+
+
+def error_line(out: dict) -> str:
+    """ "Name: message" of an error output; for a bare ``assert``, the line that failed instead."""
+    message = _first_line(str(out.get("evalue", "")))
+    if not message:  # IPython marks the failing line of each frame with an arrow: take the last one
+        arrows = [ANSI.sub("", line) for tb in out.get("traceback", []) for line in tb.splitlines()]
+        arrows = [m for line in arrows if (m := re.match(r"\s*---->\s*(\d+)\s?(.*)", line))]
+        message = f"line {arrows[-1][1]}: {arrows[-1][2].strip()}" if arrows else ""
+    return f"{out.get('ename', 'Error')}: {message}"[:300]
 
 
 def cell_errors(nb) -> list[tuple[int, str]]:
-    """(index, "Name: message") of every code cell with an error output, cells tagged raises-exception aside."""
+    """(index, error line) of every code cell with an error output, cells tagged raises-exception aside."""
     found = []
     for index, cell in enumerate(nb.cells):
         if cell.cell_type != "code" or "raises-exception" in cell.get("metadata", {}).get("tags", []):
             continue
         for out in cell.get("outputs", []):
             if out.get("output_type") == "error":
-                found.append((index, _first_line(f"{out.get('ename', 'Error')}: {out.get('evalue', '')}")))
+                found.append((index, error_line(out)))
                 break
     return found
 

@@ -83,6 +83,7 @@ def _tiny_chapter(folder: Path) -> Path:
                 "print(sys.executable)\nprint(os.getcwd())"
             ),
             nbformat.v4.new_code_cell("raise ValueError('boom')"),
+            nbformat.v4.new_code_cell("x = 1\nassert x == 2\nprint('never')"),
             nbformat.v4.new_code_cell("print('after')"),
         ],
         metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
@@ -100,15 +101,17 @@ def test_a_notebook_runs_in_a_fresh_kernel_with_the_precision_and_seeds_given(tm
     path = _tiny_chapter(tmp_path / "chapters")
     out = tmp_path / "out"
     (run,) = ec.run_chapters([path], precision="fp32", reseed=5, allow_errors=True, out=out, cwd=path.parent, echo=True)
-    assert run.errors == [(2, "ValueError: boom")] and run.replacements == 1
+    assert run.errors == [(2, "ValueError: boom"), (3, "AssertionError: line 2: assert x == 2")]
+    assert run.replacements == 1
     printed = capsys.readouterr().out
-    assert "01_tiny: 1 seed literals + 5" in printed and "FAILED: cell 2: ValueError: boom" in printed
+    assert "01_tiny: 1 seed literals + 5" in printed
+    assert "FAILED: cell 2: ValueError: boom (and 1 more failing cells)" in printed
     executed = nbformat.read(out / path.name, as_version=4)
     env_line, executable, cwd = _text(executed.cells[1]).splitlines()
     assert env_line == "fp32 1 8"  # the precision and the build's variable reached the kernel; seed 3 + 5
     assert Path(executable).resolve() == Path(sys.executable).resolve(), "the kernel is this interpreter"
     assert Path(cwd).resolve() == path.parent.resolve(), "the kernel runs in the chapters' folder"
-    assert _text(executed.cells[3]) == "after\n", "--allow-errors runs past the failing cell"
+    assert _text(executed.cells[4]) == "after\n", "--allow-errors runs past the failing cells"
     times = json.loads((out / "times.json").read_text())
     assert times["01_tiny"]["ok"] is False and times["01_tiny"]["error"] == "cell 2: ValueError: boom"
     assert times["01_tiny"]["precision"] == "fp32" and times["01_tiny"]["seed_replacements"] == 1
@@ -120,5 +123,5 @@ def test_without_allow_errors_a_notebook_stops_at_its_first_error(tmp_path):
     run = ec.execute(nb, "01_tiny", ec.kernel_env("bf16"), cwd=path.parent)
     assert not run.ok and run.error == "cell 2: ValueError: boom" and len(run.errors) == 1
     assert _text(nb.cells[1]).startswith("bf16 1 3\n")
-    assert not nb.cells[3].get("outputs"), "the cell after the error did not run"
+    assert not nb.cells[3].get("outputs") and not nb.cells[4].get("outputs"), "the cells after the error did not run"
     assert "FAILED: cell 2: ValueError: boom" in run.line()
