@@ -331,7 +331,9 @@ def test_the_precision_switch_overrides_the_hardware_for_every_device(monkeypatc
 @pytest.mark.parametrize("value", ["bogus", "float32", "fp8"])
 def test_an_unknown_precision_is_a_value_error_naming_the_choices(monkeypatch, value):
     monkeypatch.setenv("TRANSFORMER_LIB_PRECISION", value)
-    with pytest.raises(ValueError, match=f"TRANSFORMER_LIB_PRECISION must be one of auto, fp32, bf16, fp16, got '{value}'"):
+    with pytest.raises(
+        ValueError, match=f"TRANSFORMER_LIB_PRECISION must be one of auto, fp32, bf16, fp16, got '{value}'"
+    ):
         autocast_dtype(torch.device("cpu"))
 
 

@@ -13,7 +13,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-
 PRECISION_ENV = "TRANSFORMER_LIB_PRECISION"
 PRECISIONS = {"auto": None, "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
