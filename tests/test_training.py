@@ -12,6 +12,7 @@ import torch
 
 from transformer_lib import GPT, GPTConfig, training
 from transformer_lib.notebook.plots import plot_history
+from transformer_lib.precision import native_dtype
 from transformer_lib.text import random_blocks
 from transformer_lib.training import (
     NonFiniteLossError,
@@ -326,6 +327,9 @@ def test_the_precision_switch_overrides_the_hardware_for_every_device(monkeypatc
     assert autocast_dtype(torch.device("mps")) == torch.float16
     monkeypatch.delenv("TRANSFORMER_LIB_PRECISION")
     assert autocast_dtype(cpu) is None  # unset means auto, read at call time
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
+    monkeypatch.setenv("TRANSFORMER_LIB_PRECISION", "fp32")
+    assert autocast_dtype(cpu) is None and native_dtype(cpu) == torch.bfloat16  # the hardware, whatever is forced
 
 
 @pytest.mark.parametrize("value", ["bogus", "float32", "fp8"])

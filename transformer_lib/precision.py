@@ -29,23 +29,14 @@ def precision_override() -> str:
     return value
 
 
-def autocast_dtype(device: torch.device) -> torch.dtype | None:
-    """The reduced precision that speeds training up on ``device``, or None to stay in fp32.
+def native_dtype(device: torch.device) -> torch.dtype | None:
+    """The reduced precision that ``device`` multiplies natively, or None: what ``auto`` picks.
 
     CUDA: bf16 where the GPU has it, else fp16 (with loss scaling). CPU: bf16 only on
     processors that multiply bf16 matrices in hardware (AVX512-BF16 or AMX, e.g. recent
-    Xeon and EPYC), elsewhere bf16 is emulated and slower.
-
-    The environment variable ``TRANSFORMER_LIB_PRECISION`` overrides this choice for the whole
-    process: ``auto`` (the default) as above, ``fp32`` (None: no autocast anywhere), ``bf16`` or
-    ``fp16`` (that dtype, on any device, even where it is emulated and slow).
-
-    Defined in chapter 7, Decoder-only.
+    Xeon and EPYC), elsewhere bf16 is emulated and slower. Other devices: None. Unlike
+    :func:`autocast_dtype` it ignores ``TRANSFORMER_LIB_PRECISION``: it describes the hardware.
     """
-    override = precision_override()
-    if override != "auto":
-        dtype = PRECISIONS[override]
-        return None if dtype == torch.float32 else dtype
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     if device.type == "cpu":
@@ -55,6 +46,24 @@ def autocast_dtype(device: torch.device) -> torch.dtype | None:
         )
         return torch.bfloat16 if native else None
     return None
+
+
+def autocast_dtype(device: torch.device) -> torch.dtype | None:
+    """The reduced precision the library trains in on ``device``, or None to stay in fp32.
+
+    By default (``auto``) the one the hardware multiplies natively (:func:`native_dtype`): bf16
+    on GPUs that have it and on CPUs with AVX512-BF16 or AMX, fp16 on older GPUs, None elsewhere.
+    The environment variable ``TRANSFORMER_LIB_PRECISION`` overrides this choice for the whole
+    process: ``fp32`` (None: no autocast anywhere), ``bf16`` or ``fp16`` (that dtype, on any
+    device, even where it is emulated and slow).
+
+    Defined in chapter 7, Decoder-only.
+    """
+    override = precision_override()
+    if override == "auto":
+        return native_dtype(device)
+    dtype = PRECISIONS[override]
+    return None if dtype == torch.float32 else dtype
 
 
 def output_in_fp32(head: nn.Linear, h: Tensor) -> Tensor:
