@@ -58,7 +58,7 @@ def main() -> None:
     val_batches = list(zip(xs.split(args.batch_size), ys.split(args.batch_size), strict=True))
     print(
         f"device={device} threads={torch.get_num_threads()} ours: {count_parameters(ours):,} parameters, "
-        f"autocast {trainer.amp_dtype}; reference: {count_parameters(reference):,} parameters, fp32; "
+        f"reference: {count_parameters(reference):,} parameters; both under autocast {trainer.amp_dtype}; "
         f"compiled: {args.compile}",
         flush=True,
     )

@@ -87,6 +87,21 @@ def test_side_by_side_trains_both_with_one_recipe():
     assert ref.training and ours.training
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_side_by_side_trains_the_reference_in_the_trainers_precision(monkeypatch, precision):
+    monkeypatch.setenv("TRANSFORMER_LIB_PRECISION", precision)
+    ours, ref = pair()
+    cfg = TrainConfig(max_steps=7, progress=False)  # amp=True: TRANSFORMER_LIB_PRECISION decides
+    trainer = Trainer(ours, cfg, lambda g: random_blocks(DATA, 2, 16, g), device="cpu")
+    seen = set()
+    ref.blocks[0].mlp[0].register_forward_hook(lambda module, args, out: seen.add(out.dtype))
+    train_side_by_side(trainer, ref, lambda: random_blocks(DATA, 2, 16), [random_blocks(DATA, 2, 16)], warmup=2)
+    expected = torch.float32 if precision == "fp32" else torch.bfloat16
+    assert trainer.amp_dtype == (None if precision == "fp32" else torch.bfloat16)
+    # the reference's products in the trainer's precision (the final evaluation runs in fp32): a row compares engines
+    assert expected in seen and (precision == "bf16" or seen == {torch.float32})
+
+
 def test_side_by_side_needs_steps_beyond_the_warmup():
     ours, ref = pair()
     trainer = Trainer(

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..training import Trainer, autocast_dtype, lr_at
+from ..training import Trainer, lr_at
 
 
 class Norm(nn.Module):
@@ -187,8 +187,9 @@ def train_side_by_side(
 
     Both take the trainer's learning-rate schedule, weight decay, betas and clipping, and
     the same batch at every step (``batches()`` draws it, on the trainer's device). The
-    reference runs nanoGPT's loop: on the CPU in fp32 with the per-tensor AdamW, on CUDA under
-    autocast with a fused one, the loss read back every step; ``compile_reference=True`` trains
+    reference runs nanoGPT's loop in the trainer's precision (under autocast where the trainer
+    autocasts, in fp32 where it does not), with the per-tensor AdamW on the CPU and a fused one
+    on CUDA, the loss read back every step; ``compile_reference=True`` trains
     it through ``torch.compile``, as nanoGPT's ``--compile=True`` does. Which model steps first
     alternates, and the first ``warmup`` steps (with any compilation) are left out of the
     medians. At the end both are evaluated on the same ``val_batches``.
@@ -200,9 +201,9 @@ def train_side_by_side(
     reference.to(device).train()
     trainer.model.train()
     optimizer = reference_optimizer(reference, cfg.lr, cfg.weight_decay, cfg.betas)
-    amp = autocast_dtype(device) if device.type == "cuda" else None  # nanoGPT: fp32 on the CPU
-    ctx = torch.autocast("cuda", dtype=amp) if amp is not None else nullcontext()
-    scaler = torch.amp.GradScaler("cuda", enabled=amp == torch.float16)
+    amp = trainer.amp_dtype  # the trainer's precision, so that a row compares engines, not precisions
+    ctx = torch.autocast(device.type, dtype=amp) if amp is not None else nullcontext()
+    scaler = torch.amp.GradScaler(device.type, enabled=amp == torch.float16)
     forward = torch.compile(reference) if compile_reference else reference
 
     def reference_step(x: Tensor, y: Tensor, step: int) -> None:
