@@ -250,8 +250,10 @@ def test_book_builds_without_warnings(book: Path) -> None:
         assert (book / f"{doc}.html").is_file(), f"{doc}.html was not built"
 
 
-# Seconds a chapter may take to execute top to bottom on a 2-core CPU (the build's own timing).
-CHAPTER_BUDGET_S = {"chapters/07_decoder_only": 180.0}
+# Seconds a chapter may take to execute top to bottom on a 2-core CPU (the build's own timing). Chapter 8
+# compiles two models with torch.compile; with a cold compile cache (a fresh machine) the two first
+# compiled steps alone took about 50 s on a 2-core CPU with native bf16, and the chapter 94 s.
+CHAPTER_BUDGET_S = {"chapters/07_decoder_only": 180.0, "chapters/08_training_at_scale": 120.0}
 DEFAULT_BUDGET_S = 90.0
 
 
