@@ -378,7 +378,9 @@ def test_compiled_training_follows_the_eager_run_and_saves_plain_weights(tmp_pat
     """TrainConfig(compile=True) trains the same parameters through torch.compile: the same losses and
     weights as eager training (up to the fused kernels' rounding), and a checkpoint without the wrapper's
     ``_orig_mod.`` names, loadable by an eager trainer."""
-    eager, compiled = trainer(tiny_gpt(dropout=0.0), steps=6), trainer(tiny_gpt(dropout=0.0), steps=6, compile=True)
+    # fp32 (amp=False) on every CPU: under bf16 autocast the compiled kernels round differently from eager ones
+    eager = trainer(tiny_gpt(dropout=0.0), steps=6, amp=False)
+    compiled = trainer(tiny_gpt(dropout=0.0), steps=6, compile=True, amp=False)
     assert compiled.forward_model is not compiled.model  # the wrapper, sharing its parameters
     bad = torch.full((2, 16), 7)
     with pytest.raises(ValueError, match="token id 7, outside the vocabulary"):  # checked under compile too
