@@ -397,3 +397,26 @@ def test_plot_history_labels_the_axes_and_draws_both_curves() -> None:
     assert list(lines["validation"].get_xdata()) == [0, 10] and list(lines["validation"].get_ydata()) == [3.5, 2.2]
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["train", "validation"]
     assert plots.plot_history is plot_history
+
+
+def test_a_busy_core_gives_pytorch_one_thread():
+    """describe_environment's thread choice: one thread when a busy process stalls PyTorch's threads."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    import torch
+
+    from transformer_lib.notebook.environment import threads_for_a_busy_cpu
+
+    n_threads = torch.get_num_threads()
+    if n_threads == 1 or (os.cpu_count() or 1) > 4:
+        pytest.skip("needs a CPU whose threads a single busy process can stall: 2 to 4 cores")
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.5)
+        assert threads_for_a_busy_cpu() == 1  # a busy loop on one core: one thread
+    finally:
+        busy.kill()
+    assert torch.get_num_threads() == n_threads  # measuring leaves the setting as it was

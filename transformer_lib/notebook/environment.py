@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import os
 import platform
+import statistics
+import time
 
 import torch
+import torch.nn.functional as F
 
 from .. import __version__
 from ..utils import get_device, set_seed
@@ -19,10 +22,52 @@ def in_book_build() -> bool:
     return os.environ.get(BOOK_ENV) == "1"
 
 
+def threads_for_a_busy_cpu(rounds: int = 5, slower: float = 1.3) -> int:
+    """PyTorch's thread count, or 1 when another process is keeping a core busy, measured now.
+
+    Alone, several threads are about as fast as one on a small model's operations, or faster. With
+    another process busy on a core, threads that wait for each other at every operation make each
+    one slower: on 2 cores beside one busy loop, chapter 6's training took minutes instead of
+    seconds. The probe is a small training step's mix of operations (products of a few thousand
+    rows, GELU, softmax, backward), timed with each thread count, alternating; when the default is
+    more than ``slower`` times slower than one thread (medians of ``rounds``), one thread it is.
+    """
+    n_threads = torch.get_num_threads()
+    if n_threads == 1:
+        return 1
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1536, 32, generator=g, requires_grad=True)  # (B * T, d_model) = (64 * 24, 32)
+    w1, w2 = torch.randn(32, 128, generator=g, requires_grad=True), torch.randn(128, 32, generator=g)
+
+    def step() -> None:
+        h = F.gelu(x @ w1) @ w2  # (B * T, d_model)
+        h = h.view(64, 24, 32)  # (B, T, d_model)
+        (h @ h.transpose(1, 2)).softmax(dim=-1).sum().backward()  # (B, T, T) scores
+
+    def seconds(threads: int) -> float:
+        torch.set_num_threads(threads)
+        step()  # warm-up
+        t0 = time.perf_counter()
+        for _ in range(5):
+            step()
+        return time.perf_counter() - t0
+
+    times: dict[int, list[float]] = {n_threads: [], 1: []}
+    try:
+        for _ in range(rounds):
+            for threads in times:
+                times[threads].append(seconds(threads))
+    finally:
+        torch.set_num_threads(n_threads)
+    return 1 if statistics.median(times[n_threads]) > slower * statistics.median(times[1]) else n_threads
+
+
 def describe_environment(seed: int | None = 0) -> torch.device:
     """Print the versions and the device a chapter runs on, seed everything, and return the device.
 
-    Every chapter's first cell calls this.
+    Every chapter's first cell calls this. On a CPU it also gives PyTorch one thread when one
+    thread is clearly faster than its default (:func:`threads_for_a_busy_cpu`: another process is
+    keeping a core busy), and says so.
     """
     device = get_device()
     gpu = f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
@@ -30,6 +75,12 @@ def describe_environment(seed: int | None = 0) -> torch.device:
         f"Python {platform.python_version()} | torch {torch.__version__} | transformer_lib {__version__} "
         f"| device: {device}{gpu}"
     )
+    if device.type == "cpu" and torch.get_num_threads() > 1 and threads_for_a_busy_cpu() == 1:
+        print(
+            f"one PyTorch thread instead of {torch.get_num_threads()}: another process is keeping a core busy, "
+            "and one thread ran a small training step faster (How to use: threads on a busy machine)"
+        )
+        torch.set_num_threads(1)
     if seed is not None:
         set_seed(seed)
     return device
