@@ -39,10 +39,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from transformer_lib.precision import PRECISION_ENV, PRECISIONS, precision_override
+
 ROOT = Path(__file__).resolve().parent.parent
 CHAPTERS = ROOT / "chapters"
-PRECISION_ENV = "TRANSFORMER_LIB_PRECISION"  # transformer_lib.precision reads it
-PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 # What the book build sets for the kernels (scripts/build_book.py).
 BUILD_ENV = {"TRANSFORMER_BOOK_BUILD": "1", "TQDM_DISABLE": "1"}
 
@@ -312,9 +312,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         parser.error(str(e))
 
-    precision = args.precision or os.environ.get(PRECISION_ENV, "auto").strip().lower() or "auto"
-    if precision not in PRECISIONS:
-        parser.error(f"{PRECISION_ENV}={precision!r} in the environment: use one of {', '.join(PRECISIONS)}")
+    try:
+        precision = args.precision or precision_override()  # the kernels inherit the environment's
+    except ValueError as e:
+        parser.error(str(e))
 
     print(
         f"execute_chapters: {len(paths)} chapter(s), {PRECISION_ENV}={precision}, {args.busy} busy process(es)"
