@@ -4,7 +4,6 @@ import math
 import re
 import subprocess
 import sys
-import time
 from functools import partial
 from pathlib import Path
 
@@ -172,19 +171,30 @@ def test_compare_gpt_script_prints_speedup_and_both_losses_last(tmp_path):
     assert float(match[1]) > 0 and abs(float(match[2]) - float(match[3])) < 0.5
 
 
-def test_best_time_warms_up_then_keeps_the_fastest_run():
-    from transformer_lib.utils import best_time
+class FakeClock:
+    """``time.perf_counter`` on a simulated machine: it moves only when the simulated work says so."""
 
-    calls = []
+    def __init__(self) -> None:
+        self.now = 0.0
 
-    def work():  # the first call (warm-up) is slow, the others fast
-        calls.append(1)
-        time.sleep(0.2 if len(calls) == 1 else 0.01)
+    def __call__(self) -> float:
+        return self.now
 
-    seconds = best_time(work, repeats=3)
-    assert len(calls) == 4 and 0.01 <= seconds < 0.15
+
+def test_best_time_warms_up_then_keeps_the_fastest_run(monkeypatch):
+    from transformer_lib import utils
+
+    clock = FakeClock()
+    monkeypatch.setattr(utils.time, "perf_counter", clock)
+    durations = iter([0.2, 0.03, 0.01, 0.02])  # the warm-up is the slowest; the fastest timed call is 0.01 s
+
+    def work():
+        clock.now += next(durations)
+
+    assert utils.best_time(work, repeats=3) == pytest.approx(0.01)
+    assert next(durations, "all used") == "all used"  # one warm-up call, then exactly `repeats` timed ones
     with pytest.raises(ValueError, match="repeats must be a positive int, got 0"):
-        best_time(work, repeats=0)
+        utils.best_time(work, repeats=0)
 
 
 def test_train_step_flops_counts_every_product_of_forward_and_backward():
@@ -202,11 +212,26 @@ def test_train_step_flops_counts_every_product_of_forward_and_backward():
     assert all(p.grad is None for p in ours.parameters())  # counting leaves no gradient behind
 
 
-def test_matmul_rate_is_the_products_over_their_time():
+def test_matmul_rate_is_the_products_over_their_fastest_round(monkeypatch):
+    """On a simulated machine multiplying at 1 GFLOP/s, twice as slow (busy) for its first 100
+    products: the rate is the products' operations over the time of the fastest round, 1 GFLOP/s."""
+    from transformer_lib.notebook import benchmark
+
     shapes = gpt_matmul_shapes(64, 16, 64, 11)
     assert len(shapes) == 15 and (64, 16, 48) in shapes and (16, 64, 48) in shapes  # forward, weight gradient
+    clock, products = FakeClock(), []
+
+    def matmul(a, b):
+        (m, k), n = a.shape, b.shape[1]
+        products.append((m, k, n))
+        clock.now += 2 * m * k * n / 1e9 * (2 if len(products) <= 100 else 1)
+        return torch.zeros(m, n)
+
+    monkeypatch.setattr(benchmark.time, "perf_counter", clock)
+    monkeypatch.setattr(torch.Tensor, "__matmul__", matmul)
     rate = matmul_flops_per_second(shapes, seconds=0.01)
-    assert 1e8 < rate < 1e14  # a plausible machine, and a positive number
+    assert set(products) == set(shapes) and len(products) > 200  # every product, in rounds past the busy stretch
+    assert rate == pytest.approx(1e9)
 
 
 @pytest.mark.slow
