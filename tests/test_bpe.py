@@ -374,3 +374,36 @@ def test_train_bpe_moved_out_of_text():
     import transformer_lib.text as text
 
     assert not hasattr(text, "train_bpe")
+
+
+def _write_vocab(folder: Path, vocab: dict[str, int]) -> tuple[Path, Path]:
+    vocab_path, merges_path = folder / "vocab.json", folder / "merges.txt"
+    vocab_path.write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+    merges_path.write_text("#version: 0.2\n", encoding="utf-8")
+    return vocab_path, merges_path
+
+
+def test_from_files_refuses_a_vocabulary_that_would_lose_text(tmp_path):
+    tk = importorskip_unless_ci("tokenizers")
+    from transformer_lib.bpe import BPETokenizer
+
+    # without the 256 byte symbols, "abc" would encode as [0, 1] and decode as "ab"
+    with pytest.raises(ValueError, match=r"vocab_json lacks 254 of the 256 byte symbols .* \(! \" # \$"):
+        BPETokenizer.from_files(*_write_vocab(tmp_path, {"a": 0, "b": 1}))
+    alphabet = sorted(tk.pre_tokenizers.ByteLevel.alphabet())
+    vocab = {c: i for i, c in enumerate(alphabet)}
+    # two tokens with one id: "ab" would decode as "bb"
+    with pytest.raises(ValueError, match=r"id 5 to several tokens: \['.', '.'\]"):
+        BPETokenizer.from_files(*_write_vocab(tmp_path, {**vocab, alphabet[0]: 5}))
+    # a gap: the ids would run past vocab_size
+    with pytest.raises(ValueError, match=r"with ids 0 \.\. 255, got id 300"):
+        BPETokenizer.from_files(*_write_vocab(tmp_path, {**vocab, alphabet[0]: 300}))
+    tok = BPETokenizer.from_files(*_write_vocab(tmp_path, vocab))  # the alphabet alone is a (merge-free) BPE
+    assert tok.vocab_size == 256 and tok.decode(tok.encode("abc é")) == "abc é"
+
+
+def test_lone_surrogate_is_refused_clearly(trained):
+    for method in (trained.encode, trained.tokens):
+        with pytest.raises(ValueError, match=r"surrogate U\+D800 at position 2"):
+            method("ab\ud800c")
+    assert trained.decode(trained.encode("ab\U0001f642c")) == "ab\U0001f642c"  # a real pair is one character

@@ -3,11 +3,15 @@
 Each property is one the library promises for every input, not just the handful of examples
 written by hand elsewhere: the explicit attention equals PyTorch's kernel, cached equals
 uncached computation, a key-padding mask equals running each example alone, a checkpoint resumes
-exactly.
+exactly, the byte-level BPE gives back any text, a batch holds the ids of its data or is refused.
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
+
+import numpy as np
+import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
@@ -15,6 +19,7 @@ from hypothesis import strategies as st
 
 from conftest import importorskip_unless_ci
 from transformer_lib import GPT, GPTConfig, MultiHeadAttention, scaled_dot_product_attention
+from transformer_lib.text import random_blocks
 from transformer_lib.training import TrainConfig, Trainer
 
 importorskip_unless_ci("hypothesis")
@@ -167,3 +172,45 @@ def test_checkpoint_round_trip_resumes_exactly(tmp_path_factory, positional, nor
     for (name, a), b in zip(straight.model.state_dict().items(), resumed.model.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
     assert straight.history.train_loss == resumed.history.train_loss  # logged every step: the same losses
+
+
+@lru_cache
+def _bpe():
+    importorskip_unless_ci("tokenizers")
+    from transformer_lib.bpe import train_bpe
+
+    return train_bpe("the king and the queen, thou art naïve: 東京 42\n" * 20, vocab_size=280)
+
+
+@SETTINGS
+@given(text=st.text())  # any Unicode text: st.text() leaves out the surrogates, which are not text
+def test_bpe_round_trip_gives_back_any_text(text):
+    tok = _bpe()
+    assert tok.decode(tok.encode(text)) == text
+
+
+@SETTINGS
+@given(text=st.text(), surrogate=st.integers(0xD800, 0xDFFF), data=st.data())
+def test_bpe_refuses_a_surrogate_where_it_is(text, surrogate, data):
+    i = data.draw(st.integers(0, len(text)))
+    with pytest.raises(ValueError, match=rf"surrogate U\+{surrogate:04X} at position {i}\b"):
+        _bpe().encode(text[:i] + chr(surrogate) + text[i:])
+
+
+INTEGER_DTYPES = [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64]
+
+
+@SETTINGS
+@given(dtype=st.sampled_from(INTEGER_DTYPES), as_tensor=st.booleans(), data=st.data())
+def test_random_blocks_holds_the_data_ids_or_refuses_them(dtype, as_tensor, data):
+    info = np.iinfo(dtype)
+    ids = data.draw(st.lists(st.integers(int(info.min), int(info.max)), min_size=5, max_size=5))
+    array = np.array(ids, dtype=dtype)
+    stream = torch.from_numpy(array) if as_tensor else array
+    bad = [i for i in ids if not 0 <= i < 2**63]
+    if bad:  # negative, or a uint64 that torch.long would wrap to a negative
+        with pytest.raises(ValueError, match=rf"token id {min(bad)}, outside"):
+            random_blocks(stream, 1, 4)
+    else:  # one window: the whole stream
+        x, y = random_blocks(stream, 1, 4)
+        assert x[0].tolist() == ids[:-1] and y[0].tolist() == ids[1:]

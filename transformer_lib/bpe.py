@@ -21,6 +21,7 @@ import json
 import operator
 import re
 import warnings
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from torch import Tensor
 INSTALL_HINT = "pip install tokenizers"
 N_BYTES = 256
 _CHUNK_LINES = 200  # lines per training chunk: lets tokenizers count pieces in parallel
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _tokenizers() -> Any:
@@ -49,6 +51,37 @@ def _gpt2_pipeline(tok: Any) -> Any:
     tok.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = tk.decoders.ByteLevel()
     return tok
+
+
+def _validate_text(text: object) -> str:
+    """A str that UTF-8 can write: a surrogate code point (half of a UTF-16 pair) is refused."""
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, got {type(text).__name__}")
+    bad = _SURROGATE.search(text)
+    if bad:
+        raise ValueError(
+            f"text holds a lone surrogate U+{ord(bad.group()):04X} at position {bad.start()}: "
+            "not a character, it has no UTF-8 bytes"
+        )
+    return text
+
+
+def _validate_vocab(vocab: dict[str, int], alphabet: list[str]) -> None:
+    """A byte-level vocabulary: every one of the 256 byte symbols, and ids 0 .. N-1 each given once."""
+    missing = [c for c in alphabet if c not in vocab]
+    if missing:
+        raise ValueError(
+            f"vocab_json lacks {len(missing)} of the 256 byte symbols of a byte-level BPE "
+            f"({' '.join(sorted(missing)[:8])} ...): text with those bytes could not be encoded"
+        )
+    i, count = Counter(vocab.values()).most_common(1)[0]
+    if count > 1:
+        raise ValueError(f"vocab_json gives id {i} to several tokens: {[t for t, j in vocab.items() if j == i]}")
+    if max(vocab.values()) >= len(vocab):
+        raise ValueError(
+            f"vocab_json must number its {len(vocab)} tokens with ids 0 .. {len(vocab) - 1}, "
+            f"got id {max(vocab.values())}"
+        )
 
 
 def _validate_special_tokens(special_tokens: Iterable[str]) -> list[str]:
@@ -98,6 +131,9 @@ class BPETokenizer:
             if not Path(path).is_file():
                 raise FileNotFoundError(f"{name}: no file at {str(path)!r}")
         model = tk.models.BPE.from_file(str(vocab_json), str(merges_txt))
+        _validate_vocab(
+            json.loads(Path(vocab_json).read_text(encoding="utf-8")), tk.pre_tokenizers.ByteLevel.alphabet()
+        )
         return cls(_gpt2_pipeline(tk.Tokenizer(model)), special_tokens)
 
     # --- the vocabulary -----------------------------------------------------------------
@@ -146,16 +182,12 @@ class BPETokenizer:
     # --- text <-> ids -------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
         """Shapes: str -> list of T ids. Special tokens in the text become their single id."""
-        if not isinstance(text, str):
-            raise TypeError(f"encode expects a str, got {type(text).__name__}")
-        return self._tok.encode(text, add_special_tokens=False).ids
+        return self._tok.encode(_validate_text(text), add_special_tokens=False).ids
 
     def tokens(self, text: str) -> list[str]:
         """Shapes: str -> list of T token strings, as stored in the vocabulary (``Ġ`` = space,
         ``Ċ`` = newline; a token may hold part of a multi-byte character)."""
-        if not isinstance(text, str):
-            raise TypeError(f"tokens expects a str, got {type(text).__name__}")
-        return self._tok.encode(text, add_special_tokens=False).tokens
+        return self._tok.encode(_validate_text(text), add_special_tokens=False).tokens
 
     def decode(self, ids: Sequence[int] | Tensor | np.ndarray) -> str:
         """Shapes: list of T ids or a (T,) integer tensor/array -> str.
@@ -221,8 +253,7 @@ def train_bpe(text: str, vocab_size: int = 512, special_tokens: Iterable[str] = 
     Defined in chapter 7, Decoder-only.
     """
     tk = _tokenizers()
-    if not isinstance(text, str):
-        raise TypeError(f"text must be a str, got {type(text).__name__}")
+    _validate_text(text)
     specials = _validate_special_tokens(special_tokens)
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, np.integer)):
         raise TypeError(f"vocab_size must be an int, got {vocab_size!r} ({type(vocab_size).__name__})")
