@@ -95,3 +95,17 @@ def test_bad_config_names():
     assert GPTConfig(vocab_size=5, block_size=8, positional="alibi").positional == "alibi"  # chapter 4's ALiBi
     with pytest.raises(ValueError, match=r"norm must be one of \('layernorm', 'rmsnorm'\)"):
         GPTConfig(vocab_size=5, block_size=8, norm="batchnorm")
+
+
+def test_seeds_and_counts_outside_their_range():
+    from transformer_lib import set_seed
+    from transformer_lib.tasks import make_pairs
+
+    for seed in (2**64, -(2**63) - 1, 2**70):
+        with pytest.raises(ValueError, match=r"seed must be an int in \[-2\*\*63, 2\*\*64\)"):
+            set_seed(seed)
+    with pytest.raises(TypeError, match="seed must be an int, got True"):
+        set_seed(True)
+    assert set_seed(2**64 - 1).initial_seed() == 2**64 - 1
+    with pytest.raises(ValueError, match="n must be a positive int, got 0"):
+        make_pairs("copy", 0)

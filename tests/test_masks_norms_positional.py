@@ -163,3 +163,14 @@ def test_fused_norms_equal_the_written_out_ones(norm_cls):
     (g1,) = torch.autograd.grad(written(x).square().sum(), x)
     (g2,) = torch.autograd.grad(fused(x).square().sum(), x)
     torch.testing.assert_close(g1, g2)
+
+
+def test_sinusoidal_refuses_a_degenerate_base_and_non_integer_sizes():
+    for base in (0, -2.0, 1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match=r"base must be a finite number > 1"):
+            sinusoidal_encoding(4, 8, base=base)
+    with pytest.raises(TypeError, match=r"max_len must be an int, got 4.5 \(float\)"):
+        sinusoidal_encoding(4.5, 8)
+    with pytest.raises(TypeError, match=r"d_model must be an int, got '8' \(str\)"):
+        sinusoidal_encoding(4, "8")
+    assert torch.isfinite(sinusoidal_encoding(4, 8, base=2)).all()

@@ -10,11 +10,12 @@ queries and keys inside attention, so scores depend only on the offset m - n;
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 from torch import Tensor, nn
 
-from ._validate import _validate_int, _validate_tensor
+from ._validate import _validate_int, _validate_real, _validate_tensor
 
 
 def sinusoidal_encoding(max_len: int, d_model: int, base: float = 10000.0) -> Tensor:
@@ -24,8 +25,13 @@ def sinusoidal_encoding(max_len: int, d_model: int, base: float = 10000.0) -> Te
 
     Defined in chapter 4, Positional encoding.
     """
+    for name, n in (("max_len", max_len), ("d_model", d_model)):
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral):
+            raise TypeError(f"{name} must be an int, got {n!r} ({type(n).__name__})")
     if max_len < 1 or d_model < 1:
         raise ValueError(f"max_len and d_model must be positive, got max_len={max_len}, d_model={d_model}")
+    # base <= 0 has no real powers, base = 1 gives every pair the same frequency, base < 1 reverses them
+    base = _validate_real("base", base, "a finite number > 1", lambda b: b > 1)
     pos = torch.arange(max_len, dtype=torch.float64)[:, None]  # (max_len, 1)
     inv_freq = base ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)  # (ceil(d/2),)
     angles = pos * inv_freq  # (max_len, ceil(d/2))

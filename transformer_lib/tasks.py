@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ._validate import _validate_int
+
 PAD, BOS, EOS = 0, 1, 2
 SPECIALS = ("<pad>", "<bos>", "<eos>")
 
@@ -171,6 +173,7 @@ def make_pairs(task: str, n: int, seed: int = 0, exclude: set[str] | None = None
     """
     if task not in TASKS:
         raise ValueError(f"task must be one of {sorted(TASKS)}, got {task!r}")
+    n = _validate_int("n", n)
     rng, seen, pairs = random.Random(seed), set(exclude or ()), []
     for _ in range(100 * n):
         src, tgt = TASKS[task](rng, **kwargs)

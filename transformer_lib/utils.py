@@ -34,10 +34,13 @@ def set_seed(seed: int = 0) -> torch.Generator:
     """Seed Python, NumPy and PyTorch (all devices) so runs repeat on the CPU.
 
     Returns a ``torch.Generator`` seeded with the same value, for code that
-    wants its own stream of random numbers.
+    wants its own stream of random numbers. ``seed`` is an int in ``[-2**63, 2**64)``,
+    the range of ``torch.manual_seed``.
     """
-    if not isinstance(seed, int):
-        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed must be an int, got {seed!r} ({type(seed).__name__})")
+    if not -(2**63) <= seed < 2**64:
+        raise ValueError(f"seed must be an int in [-2**63, 2**64) (what torch.manual_seed takes), got {seed}")
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
