@@ -189,3 +189,25 @@ def test_cpu_autocast_runs_attention_in_fp32(monkeypatch):
     assert out.dtype == masked.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(masked.float(), expected, atol=2e-2, rtol=2e-2)
+
+
+def test_a_padding_mask_passed_as_mask_is_refused_with_a_pointer_to_key_padding_mask():
+    mha = MultiHeadAttention(8, 2).eval()
+    x = torch.randn(3, 5, 8)
+    real = torch.ones(3, 5, dtype=torch.bool)
+    real[0, -2:] = False  # example 0 ends with two pads
+    with pytest.raises(ValueError, match=r"\(B, T_k\): a 2-D mask means \(T_q, T_k\) = \(5, 5\).*key_padding_mask="):
+        mha(x, mask=real)
+    _, w = mha(x, key_padding_mask=real, need_weights=True)
+    assert (w[0, ..., -2:] == 0).all() and (w[1:] > 0).all()
+
+
+def test_a_2d_mask_means_T_q_by_T_k_even_when_B_equals_T_q():
+    """Review F15: with B == T_q a (B, T_k) padding mask has the shape of a (T_q, T_k) mask, and is read as one."""
+    mha = MultiHeadAttention(8, 2).eval()
+    x = torch.randn(2, 2, 8)
+    m = torch.tensor([[True, False], [True, True]])
+    _, w = mha(x, mask=m, need_weights=True)
+    assert (w[..., 0, 1] == 0).all() and (w[..., 1, 1] > 0).all()  # row i of m is query i, in both examples
+    _, w = mha(x, key_padding_mask=m, need_weights=True)
+    assert (w[0, ..., 1] == 0).all() and (w[1] > 0).all()  # row b of m is example b

@@ -131,9 +131,15 @@ class MultiHeadAttention(nn.Module):
     ``n_kv_heads < n_heads`` gives grouped-query attention (``n_kv_heads=1``: multi-query):
     the keys and values have fewer heads, each shared by ``n_heads // n_kv_heads`` query heads.
 
+    Masks: ``mask`` broadcasts to (B, n_heads, T_q, T_k) by PyTorch's rules, so a 2-D mask is
+    always read as (T_q, T_k), the same for every example. A per-example padding mask (B, T_k) goes
+    in ``key_padding_mask``: passed as ``mask``, it is refused when B != T_q, but when B == T_q its
+    shape is also (T_q, T_k) and nothing can tell the two apart: it is read as (T_q, T_k). For a
+    padding mask use ``key_padding_mask``, or ``mask[:, None, None, :]`` (B, 1, 1, T_k).
+
     Shapes:
         query (B, T_q, d_model), key/value (B, T_k, d_model),
-        mask broadcastable to (B, n_heads, T_q, T_k)
+        mask broadcastable to (B, n_heads, T_q, T_k), key_padding_mask (B, T_k)
         -> out (B, T_q, d_model) [, weights (B, n_heads, T_q, T_k)]
 
     Defined in chapter 3, Multi-head attention.
@@ -246,6 +252,11 @@ class MultiHeadAttention(nn.Module):
         self, mask: Tensor | None, key_padding_mask: Tensor | None, B: int, T_q: int, T_k: int
     ) -> Tensor | None:
         """Check ``mask`` against (B, n_heads, T_q, T_k) and ``key_padding_mask`` against (B, T_k); AND them."""
+        if isinstance(mask, Tensor) and mask.dim() == 2 and tuple(mask.shape) == (B, T_k) and B not in (1, T_q):
+            raise ValueError(
+                f"mask of shape {tuple(mask.shape)} = (B, T_k): a 2-D mask means (T_q, T_k) = {(T_q, T_k)}, "
+                "the same for every example; pass a per-example padding mask as key_padding_mask= (True = a real key)"
+            )
         _validate_mask(mask, (B, self.n_heads, T_q, T_k))
         if key_padding_mask is None:
             return mask
