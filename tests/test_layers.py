@@ -2,7 +2,17 @@ import pytest
 import torch
 from torch import nn
 
-from transformer_lib import DecoderLayer, EncoderLayer, FeedForward, KVCache, causal_mask, padding_mask
+from transformer_lib import (
+    ALiBi,
+    DecoderLayer,
+    DecoderOnlyLayer,
+    EncoderLayer,
+    FeedForward,
+    KVCache,
+    RotaryEmbedding,
+    causal_mask,
+    padding_mask,
+)
 from transformer_lib.interop import copy_from_torch
 
 D, H, FF = 32, 4, 64
@@ -110,3 +120,18 @@ def test_layers_without_bias_equal_torch(norm_first):
     assert ours.norm1.bias is None and ours.ff.linear1.bias is None
     x = torch.randn(2, 5, D)
     torch.testing.assert_close(ours(x), theirs(x))
+
+
+def test_the_positional_scheme_is_chosen_when_the_layer_is_built():
+    torch.manual_seed(0)
+    x = torch.randn(2, 6, D)
+    alibi = randomize(DecoderOnlyLayer(D, H, FF, alibi=ALiBi(H))).eval()
+    rope = DecoderOnlyLayer(D, H, FF, rotary=RotaryEmbedding(D // H, 16)).eval()
+    plain = DecoderOnlyLayer(D, H, FF).eval()
+    assert isinstance(alibi.self_attn.alibi, ALiBi) and alibi.state_dict().keys() == plain.state_dict().keys()
+    for layer in (rope, plain):
+        layer.load_state_dict(alibi.state_dict())
+    outs = [alibi(x), rope(x), plain(x)]
+    assert not torch.allclose(outs[0], outs[2]) and not torch.allclose(outs[1], outs[2])
+    plain.self_attn.alibi = ALiBi(H)  # the old way, attached after construction: the same numbers
+    torch.testing.assert_close(plain(x), outs[0])

@@ -80,7 +80,10 @@ class EncoderLayer(nn.Module):
 
     ``forward(x, mask)`` returns ``x``, or ``(x, weights)`` with ``need_weights=True``.
     With ``is_causal=True`` (and optionally a ``cache``) the same layer is a
-    decoder-only (GPT) block: see :class:`DecoderOnlyLayer`.
+    decoder-only (GPT) block: see :class:`DecoderOnlyLayer`. ``rotary`` and ``alibi``
+    (a :class:`~transformer_lib.positional.RotaryEmbedding`, an
+    :class:`~transformer_lib.positional.ALiBi`) go to the self-attention, as in
+    :class:`~transformer_lib.attention.MultiHeadAttention`.
 
     Shapes: x (B, T, d_model), mask broadcastable to (B, n_heads, T, T)
         -> (B, T, d_model) [, weights (B, n_heads, T, T)]
@@ -102,11 +105,12 @@ class EncoderLayer(nn.Module):
         rotary: nn.Module | None = None,
         fused_norms: bool = False,
         n_kv_heads: int | None = None,
+        alibi: nn.Module | None = None,
     ) -> None:
         super().__init__()
         self.norm_first = norm_first
         self.self_attn = MultiHeadAttention(
-            d_model, n_heads, dropout=dropout, bias=bias, rotary=rotary, n_kv_heads=n_kv_heads
+            d_model, n_heads, dropout=dropout, bias=bias, rotary=rotary, n_kv_heads=n_kv_heads, alibi=alibi
         )
         self.ff = FeedForward(d_model, d_ff, activation=activation, dropout=dropout, bias=bias)
         self.norm1 = make_norm(norm, d_model, eps, bias, fused_norms)
@@ -124,7 +128,8 @@ class EncoderLayer(nn.Module):
         positions: Tensor | None = None,
         key_padding_mask: Tensor | None = None,
     ) -> Tensor | tuple[Tensor, Tensor]:
-        """``mask`` (T, T) or broadcastable to (B, n_heads, T, T); ``key_padding_mask`` (B, T), True = token."""
+        """``mask`` (T, T) or broadcastable to (B, n_heads, T, T) (a 2-D mask is always (T, T));
+        a per-example padding mask goes in ``key_padding_mask`` (B, T), True = token."""
         weights: list[Tensor] = []
 
         def attend(h: Tensor) -> Tensor:
