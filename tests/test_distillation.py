@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from transformer_lib import GPT, GPTConfig
+from transformer_lib import GPT, GPTConfig, _validate
 from transformer_lib.distillation import distillation_loss, distillation_loss_fn
 from transformer_lib.training import TrainConfig, Trainer
 
@@ -81,6 +81,12 @@ def test_bad_inputs_are_named():
         distillation_loss(s, t, torch.full_like(TARGETS, -100))
     with pytest.raises(TypeError, match="student_logits must be a floating-point tensor"):
         distillation_loss(TARGETS, TARGETS, TARGETS)
+
+
+def test_with_nothing_to_learn_from_the_loss_is_nan_where_checking_would_stall_a_gpu(monkeypatch):
+    """On the CPU the ValueError above; on a GPU the check would wait for the device at every step."""
+    monkeypatch.setattr(_validate, "_HOST_DEVICES", ())  # the path a GPU takes
+    assert distillation_loss(logits(0), logits(1), torch.full_like(TARGETS, -100)).isnan()
 
 
 def test_a_student_trains_on_a_frozen_teacher_with_the_trainer():

@@ -1,7 +1,10 @@
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
 
+import transformer_lib
 from transformer_lib import GPT, GPTConfig, Seq2SeqTransformer, count_parameters
 from transformer_lib.sampling import sample_next_token, top_k_filter, top_p_filter
 
@@ -46,6 +49,50 @@ def test_gpt_kv_cache_gives_same_tokens_and_logits(variant):
         prompt, 20, top_k=5, top_p=0.9, use_cache=False, generator=torch.Generator().manual_seed(1)
     )
     assert torch.equal(sampled_c, sampled_n)
+
+
+def test_logits_is_forward_without_the_checks_and_the_loss():
+    model = small_gpt(positional="rope")
+    idx = torch.randint(0, 23, (2, 12))
+    full, _ = model(idx)
+    assert torch.equal(model.logits(idx), full)
+    caches = model.new_caches()  # in two pieces through the cache
+    pieces = [model.logits(idx[:, :8], caches=caches), model.logits(idx[:, 8:], caches=caches)]
+    torch.testing.assert_close(torch.cat(pieces, dim=1), full, atol=1e-5, rtol=1e-5)
+    padded = torch.cat([torch.zeros(2, 3, dtype=torch.long), idx], dim=1)  # three pads on the left
+    mask = torch.arange(15) >= 3
+    torch.testing.assert_close(model.logits(padded, attention_mask=mask.expand(2, 15))[:, 3:], full)
+
+
+def test_only_models_py_runs_the_private_hidden_pass():
+    users = [p.name for p in Path(transformer_lib.__file__).parent.rglob("*.py") if "._hidden(" in p.read_text()]
+    assert users == ["models.py"], users
+
+
+@pytest.mark.parametrize(
+    ("row", "problem"),
+    [
+        ([1, 1, 1, 0, 0], r"has padding \(0\) after a token \(1\)"),  # right padding
+        ([0, 1, 1, 0, 1], r"has padding \(0\) after a token \(1\)"),
+        ([0, 0, 0, 0, 0], r"has no token \(all 0\)"),
+    ],
+)
+def test_generate_refuses_a_mask_that_is_not_left_padding(row, problem):
+    """Review 2026-11-25, N4: [1, 1, 1, 0, 0] continued from the padding, an all-0 row from nothing."""
+    model = small_gpt()
+    mask = torch.ones(3, 5, dtype=torch.long)
+    mask[1] = torch.tensor(row)
+    with pytest.raises(ValueError, match=rf"attention_mask row 1 {problem}: .* left padding, 0\.\.\.0 then 1\.\.\.1"):
+        model.generate(torch.randint(0, 23, (3, 5)), 2, attention_mask=mask)
+
+
+def test_generate_takes_left_padding_as_the_prompt_alone():
+    model = small_gpt()
+    prompt = torch.randint(0, 23, (1, 3))
+    padded = torch.cat([torch.zeros(1, 2, dtype=torch.long), prompt], dim=1)
+    mask = torch.tensor([[False, False, True, True, True]])
+    out = model.generate(padded, 4, temperature=0, attention_mask=mask)
+    assert torch.equal(out[:, 2:], model.generate(prompt, 4, temperature=0))
 
 
 def test_gpt_loss_and_weight_tying():

@@ -67,13 +67,34 @@ def _validate_token_ids(name: str, idx: object, vocab_size: int, max_len: int | 
     return idx.long()
 
 
-@torch.compiler.disable  # a host sync: under torch.compile it runs eagerly, between the compiled graphs
+# Device types whose values a check may read: on the CPU that costs nothing, while on a GPU every read
+# (``int(t)``, ``if t.any():``) makes the host wait for all the work queued so far (a "host sync").
+_HOST_DEVICES = ("cpu",)
+
+
+def _reads_are_free(t: Tensor) -> bool:
+    """True if a check may read ``t``'s values without making the host wait for a device."""
+    return t.device.type in _HOST_DEVICES
+
+
+@torch.compiler.disable  # reads values: under torch.compile it runs eagerly, between the compiled graphs
 def _validate_token_range(name: str, idx: Tensor, vocab_size: int) -> None:
-    lo, hi = torch.aminmax(idx)
-    lo, hi = int(lo), int(hi)  # one host sync for both bounds
-    if lo < 0 or hi >= vocab_size:
-        bad = lo if lo < 0 else hi
-        raise ValueError(f"{name} contains token id {bad}, outside the vocabulary [0, {vocab_size})")
+    """0 <= every id < vocab_size, checked without a host sync on a GPU.
+
+    On the CPU it reads the smallest and the largest id and raises a ValueError naming the bad one.
+    On a GPU that read would make every forward pass (every training step) wait for the GPU, so
+    there the check is queued on the device (``torch._assert_async``): no wait, but a bad id ends
+    the process with a device-side assert. For the clear error, check the ids on the CPU first.
+    Other devices rely on the embedding's own index check.
+    """
+    if _reads_are_free(idx):
+        lo, hi = torch.aminmax(idx)
+        lo, hi = int(lo), int(hi)
+        if lo < 0 or hi >= vocab_size:
+            bad = lo if lo < 0 else hi
+            raise ValueError(f"{name} contains token id {bad}, outside the vocabulary [0, {vocab_size})")
+    elif idx.is_cuda:
+        torch._assert_async(((idx >= 0) & (idx < vocab_size)).all(), f"{name}: a token id outside [0, {vocab_size})")
 
 
 def _validate_mask(
@@ -112,3 +133,18 @@ def _validate_attention_mask(attention_mask: object, B: int, T: int) -> Tensor:
             raise ValueError("attention_mask must hold only 0 (padding) and 1 (token), or booleans")
         m = m.bool()
     return m
+
+
+def _validate_left_padded(mask: Tensor) -> Tensor:
+    """A boolean (B, T) padding mask whose every row is 0...0 1...1 with at least one 1 (left padding)."""
+    empty = ~mask.any(dim=1)  # (B,) rows without a token
+    right = (mask[:, :-1] & ~mask[:, 1:]).any(dim=1)  # (B,) rows with padding after a token
+    bad = (empty | right).nonzero()  # one host sync, once per call
+    if len(bad):
+        row = int(bad[0])
+        problem = "has no token (all 0)" if empty[row] else "has padding (0) after a token (1)"
+        raise ValueError(
+            f"attention_mask row {row} {problem}: generation continues each row from its last column, "
+            "so the mask must be left padding, 0...0 then 1...1, with at least one 1"
+        )
+    return mask

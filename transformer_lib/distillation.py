@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._validate import _validate_real, _validate_tensor
+from ._validate import _reads_are_free, _validate_real, _validate_tensor
 
 
 def distillation_loss(
@@ -34,7 +34,9 @@ def distillation_loss(
 ) -> Tensor:
     """``alpha * T**2 * KL(teacher || student) at temperature T + (1 - alpha) * cross_entropy(student, targets)``.
 
-    Both terms are means over the positions whose target is not ``ignore_index``.
+    Both terms are means over the positions whose target is not ``ignore_index``. If there are none,
+    it raises a ValueError on the CPU; on a GPU, where that check would make every training step
+    wait for the device, the loss is NaN (which the Trainer reports at its next log).
 
     Shapes: student_logits, teacher_logits (..., V); targets (...) -> a scalar.
 
@@ -57,12 +59,13 @@ def distillation_loss(
     dtype = torch.promote_types(student_logits.dtype, torch.float32)  # bf16/fp16 logits: the softmaxes in fp32
     s, t, y = student_logits.reshape(-1, V).to(dtype), teacher_logits.reshape(-1, V).to(dtype), targets.reshape(-1)
     keep = y != ignore_index  # (N,) the positions that count
-    if not keep.any():
+    if _reads_are_free(keep) and not keep.any():  # on a GPU this check would stall every step: the loss is NaN
         raise ValueError(f"every target is ignore_index={ignore_index}: there is nothing to learn from")
     hard = F.cross_entropy(s, y, ignore_index=ignore_index)
-    log_p_student = F.log_softmax(s[keep] / T, dim=-1)  # (N_kept, V)
-    log_p_teacher = F.log_softmax(t[keep].detach() / T, dim=-1)
-    soft = F.kl_div(log_p_student, log_p_teacher, log_target=True, reduction="batchmean")  # KL(teacher || student)
+    log_p_student = F.log_softmax(s / T, dim=-1)  # (N, V)
+    log_p_teacher = F.log_softmax(t.detach() / T, dim=-1)
+    kl = F.kl_div(log_p_student, log_p_teacher, log_target=True, reduction="none").sum(-1)  # (N,) KL(teacher||student)
+    soft = kl.masked_fill(~keep, 0.0).sum() / keep.sum()  # the mean over the kept positions
     return alpha * T**2 * soft + (1.0 - alpha) * hard
 
 

@@ -25,7 +25,6 @@ from torch import Tensor, nn
 
 from ._validate import _validate_token_ids
 from .models import GPT
-from .precision import output_in_fp32
 from .utils import eval_mode
 
 # Keys of the metadata that export_onnx writes into the file and OnnxGPT reads back.
@@ -70,8 +69,7 @@ class _Logits(nn.Module):
         self.gpt = gpt
 
     def forward(self, idx: Tensor) -> Tensor:
-        h, _ = self.gpt._hidden(idx)  # (B, T, d_model)
-        return output_in_fp32(self.gpt.lm_head, h)  # (B, T, vocab_size)
+        return self.gpt.logits(idx)  # (B, T, vocab_size)
 
 
 def export_onnx(model: GPT, path: str | Path, example_ids: Tensor | None = None, dynamic: bool = True) -> Path:

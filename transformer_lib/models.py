@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from ._validate import (
     _validate_attention_mask,
     _validate_int,
+    _validate_left_padded,
     _validate_real,
     _validate_tensor,
     _validate_token_ids,
@@ -83,12 +84,9 @@ class Seq2SeqTransformer(nn.Module):
         self.tgt_embed = nn.Embedding(tgt_vocab_size, d_model)
         self.pos = _absolute_positions(positional, d_model, max_len)
         self.dropout = nn.Dropout(dropout)
-        self.encoder_layers = nn.ModuleList(
-            EncoderLayer(d_model, n_heads, d_ff, dropout, activation, norm_first) for _ in range(n_encoder_layers)
-        )
-        self.decoder_layers = nn.ModuleList(
-            DecoderLayer(d_model, n_heads, d_ff, dropout, activation, norm_first) for _ in range(n_decoder_layers)
-        )
+        kw = dict(d_model=d_model, n_heads=n_heads, d_ff=d_ff, dropout=dropout, activation=activation)
+        self.encoder_layers = nn.ModuleList(EncoderLayer(**kw, norm_first=norm_first) for _ in range(n_encoder_layers))
+        self.decoder_layers = nn.ModuleList(DecoderLayer(**kw, norm_first=norm_first) for _ in range(n_decoder_layers))
         # Pre-LN stacks end un-normalized, so they get a final norm (as nn.Transformer does).
         self.encoder_norm = make_norm("layernorm", d_model) if norm_first else nn.Identity()
         self.decoder_norm = make_norm("layernorm", d_model) if norm_first else nn.Identity()
@@ -120,7 +118,7 @@ class Seq2SeqTransformer(nn.Module):
         src: Tensor,
         need_weights: bool = False,
         caches: list[tuple[KVCache, KVCache]] | None = None,
-    ):
+    ) -> Tensor | tuple[Tensor, tuple[list[Tensor], list[Tensor]]]:
         """Decoder plus output head. ``src`` gives the padding mask for cross-attention.
 
         ``caches`` (one (self, cross) pair per layer, from :meth:`new_caches`) lets the
@@ -250,13 +248,34 @@ class GPTConfig:
         return self.d_model // self.n_heads
 
 
+def _gpt_block(c: GPTConfig) -> DecoderOnlyLayer:
+    """One causal block as the config describes it, its positional scheme included: RoPE rotates
+    q and k, ALiBi biases the scores (neither has parameters); the other schemes act on the embeddings."""
+    return DecoderOnlyLayer(
+        d_model=c.d_model,
+        n_heads=c.n_heads,
+        n_kv_heads=c.n_kv_heads,
+        d_ff=c.d_ff,
+        dropout=c.dropout,
+        activation=c.activation,
+        norm_first=c.norm_first,
+        norm=c.norm,
+        eps=c.norm_eps,
+        bias=c.bias,
+        fused_norms=c.fused_norms,
+        rotary=RotaryEmbedding(c.d_head, c.block_size, c.rope_base) if c.positional == "rope" else None,
+        alibi=ALiBi(c.n_heads) if c.positional == "alibi" else None,
+    )
+
+
 class GPT(nn.Module):
     """A decoder-only Transformer language model (GPT-2 style, Pre-LN by default).
 
     Token embedding (+ absolute positions, unless RoPE or ALiBi), ``n_layers`` causal blocks,
     a final norm and an output head (tied to the token embedding unless ``tie_weights=False``).
-    ``forward(idx, targets)`` returns ``(logits, loss)``; ``generate`` samples with an
-    optional key/value cache. Both take an ``attention_mask`` (B, T) for left-padded batches.
+    ``forward(idx, targets)`` checks its inputs and returns ``(logits, loss)``; ``logits(idx)`` is
+    the same pass without the checks; ``generate`` samples with an optional key/value cache.
+    All three take an ``attention_mask`` (B, T) for left-padded batches.
 
     Shapes: idx (B, T) with T <= block_size -> logits (B, T, vocab_size), loss scalar or None.
 
@@ -274,23 +293,7 @@ class GPT(nn.Module):
         # (section 3.4), scale the token embeddings by sqrt(d_model) so that the positions do not drown them.
         self.emb_scale = math.sqrt(c.d_model) if c.positional == "sinusoidal" else 1.0
         self.dropout = nn.Dropout(c.dropout)
-        self.blocks = nn.ModuleList(
-            DecoderOnlyLayer(
-                c.d_model,
-                c.n_heads,
-                c.d_ff,
-                c.dropout,
-                c.activation,
-                c.norm_first,
-                c.norm,
-                eps=c.norm_eps,
-                bias=c.bias,
-                fused_norms=c.fused_norms,
-                n_kv_heads=c.n_kv_heads,
-                rotary=RotaryEmbedding(c.d_head, c.block_size, c.rope_base) if c.positional == "rope" else None,
-            )
-            for _ in range(c.n_layers)
-        )
+        self.blocks = nn.ModuleList(_gpt_block(c) for _ in range(c.n_layers))
         self.norm_f = (
             make_norm(c.norm, c.d_model, c.norm_eps, bias=c.bias, fused=c.fused_norms)
             if c.norm_first
@@ -301,9 +304,6 @@ class GPT(nn.Module):
         for block in self.blocks:  # GPT-2: scale the projections that write into the residual stream
             for proj in (block.self_attn.out_proj, block.ff.linear2):
                 nn.init.normal_(proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * c.n_layers))
-        if c.positional == "alibi":  # no parameters: each block's attention adds the fixed distance bias
-            for block in self.blocks:
-                block.self_attn.alibi = ALiBi(c.n_heads)
         if c.tie_weights:
             self.lm_head.weight = self.tok_emb.weight
 
@@ -319,9 +319,9 @@ class GPT(nn.Module):
     def _validate(self, idx: Tensor, attention_mask: Tensor | None, past: int = 0) -> tuple[Tensor, Tensor | None]:
         """Check the token ids and the padding mask once, at the model's boundary.
 
-        Returns the ids as torch.long and the mask as bool. The range check costs one host sync,
-        also in GPU training: an out-of-vocabulary id then stops with a clear error instead of a
-        device-side assert that forces a kernel restart.
+        Returns the ids as torch.long and the mask as bool. The ids' range is read on the CPU only:
+        on a GPU the check is a device-side assert that costs no host sync (see
+        ``_validate._validate_token_range``).
         """
         idx = _validate_token_ids("idx", idx, self.config.vocab_size, self.config.block_size - past)
         if attention_mask is None:
@@ -355,6 +355,25 @@ class GPT(nn.Module):
         x, weights = run_layers(self.blocks, x, need_weights, per_layer, mask=mask, positions=positions)
         return self.norm_f(x), weights
 
+    def logits(
+        self, idx: Tensor, *, caches: list[KVCache] | None = None, attention_mask: Tensor | None = None
+    ) -> Tensor:
+        """The logits for every position of ``idx``, with no checks: the fast path for callers that
+        validated their ids once (speculative decoding, the ONNX export; :meth:`forward` checks, then
+        calls this).
+
+        The caller promises what :meth:`forward` checks: ``idx`` holds torch.long ids in
+        ``[0, vocab_size)``, ``len(caches[0]) + T <= block_size``, and ``attention_mask`` (B, T_past + T)
+        is boolean, True for tokens and False for left padding. An id outside the vocabulary is an
+        ``IndexError`` from the embedding on the CPU (a device-side assert on a GPU); a sequence past
+        ``block_size`` is an error from the position table, or, with RoPE and ALiBi, silently beyond
+        what the model was trained on.
+
+        Shapes: idx (B, T) -> logits (B, T, vocab_size), in fp32 when the weights are bf16/fp16.
+        """
+        h, _ = self._hidden(idx, caches, attention_mask)
+        return output_in_fp32(self.lm_head, h)
+
     def forward(
         self,
         idx: Tensor,
@@ -370,8 +389,7 @@ class GPT(nn.Module):
         """
         past = 0 if caches is None else len(caches[0])
         idx, attention_mask = self._validate(idx, attention_mask, past)
-        h, _ = self._hidden(idx, caches, attention_mask)
-        logits = output_in_fp32(self.lm_head, h)  # (B, T, vocab_size)
+        logits = self.logits(idx, caches=caches, attention_mask=attention_mask)  # (B, T, vocab_size)
         if targets is None:
             return logits, None
         _validate_tensor("targets", targets)
@@ -414,7 +432,8 @@ class GPT(nn.Module):
         logits. Once the context is full the window slides, and the cache is refilled
         from the last ``block_size`` tokens, exactly as the uncached model sees them.
         ``attention_mask`` (B, T0) marks left padding (0) in a batch of prompts of different
-        lengths: each row then generates what its prompt alone would.
+        lengths: each row then generates what its prompt alone would. Each row must be 0...0 1...1
+        with at least one 1 (a ValueError names the row that is not).
 
         Shapes: idx (B, T0) -> (B, T0 + max_new_tokens) [, logits (B, max_new_tokens, vocab_size)].
         """
@@ -423,7 +442,9 @@ class GPT(nn.Module):
             raise ValueError(f"idx must hold at least one token per row to continue from, got shape {tuple(idx.shape)}")
         _validate_int("max_new_tokens", max_new_tokens, minimum=0)
         _validate_sampling(temperature, top_k, top_p)
-        mask = None if attention_mask is None else _validate_attention_mask(attention_mask, *idx.shape)
+        mask = None
+        if attention_mask is not None:
+            mask = _validate_left_padded(_validate_attention_mask(attention_mask, *idx.shape))
         all_logits = []
         with eval_mode(self):
             caches = None

@@ -23,7 +23,6 @@ from torch import Tensor
 from ._validate import _validate_int, _validate_token_ids
 from .attention import KVCache
 from .models import GPT
-from .precision import output_in_fp32
 from .utils import eval_mode
 
 
@@ -79,14 +78,13 @@ def _validate_pair(target: object, draft: object) -> None:
 def _feed(model: GPT, tokens: Tensor, caches: list[KVCache] | None = None) -> Tensor:
     """Run ``model`` on the tokens its cache does not hold yet (all of them without a cache); their logits.
 
-    The ids were validated once at the entry point; like ``GPT.generate``, each step skips the
-    model's own check (a host sync per call).
+    The ids were validated once at the entry point, so each step takes the unchecked
+    :meth:`GPT.logits <transformer_lib.models.GPT.logits>`.
 
     Shapes: tokens (1, T) with len(cache) < T <= block_size -> logits (1, T - len(cache), vocab_size).
     """
     new = tokens if caches is None else tokens[:, len(caches[0]) :]
-    h, _ = model._hidden(new, caches)
-    return output_in_fp32(model.lm_head, h)
+    return model.logits(new, caches=caches)
 
 
 class _Draft:
