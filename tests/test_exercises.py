@@ -5,6 +5,7 @@ import inspect
 import json
 import math
 import random
+import sys
 import threading
 import time
 import typing
@@ -585,4 +586,64 @@ def test_a_timeout_leaves_no_alarm_behind():
     assert signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, None)
 
 
-# ---------------------------------------------------------------- hints for the exception, and for three classic bugs
+def test_an_answer_that_ignores_sigint_still_stops_at_the_time_limit():
+    import signal
+
+    def ignores_sigint_and_loops():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        while True:
+            pass
+
+    default = signal.getsignal(signal.SIGINT)
+    try:
+        c = ex.Checker("check_loop", timeout_seconds=0.2)
+        c.case("loops", ignores_sigint_and_loops, torch.tensor(1.0))
+    finally:
+        signal.signal(signal.SIGINT, default)
+    assert "took longer than 0.2 s: an infinite loop?" in c.done(quiet=True).text
+
+
+# ---------------------------------------------------------------- the framework: sys.exit, KeyboardInterrupt, dtypes
+
+
+@pytest.mark.parametrize("code, says", [(None, "raised SystemExit"), (3, "raised SystemExit: 3")])
+def test_sys_exit_in_an_answer_is_a_failed_case_with_feedback_and_a_record(code, says, tmp_path, monkeypatch, capsys):
+    log = tmp_path / "results.jsonl"
+    monkeypatch.setenv(_framework.RESULTS_ENV, str(log))
+
+    def exits_for_three_examples(x, n_heads):
+        if x.shape[0] == 3:
+            sys.exit(code)
+        return _good_split_heads(x, n_heads)
+
+    result = ex.check_split_heads(exits_for_three_examples)
+    assert "1 of 3 checks failed" in result.text and "✅ B=2" in result.text, result.text  # the next case ran
+    assert f"❌ B=3, T=5, d_model=12, n_heads=3: {says}\n" in result.text + "\n"
+    assert "Hint: sys.exit(), exit() and quit() end the whole program: give the result back with return." in result.text
+    assert result.text in capsys.readouterr().out
+    (record,) = [json.loads(line) for line in log.read_text().splitlines()]
+    assert record == {"checker": "check_split_heads", "status": "failed", "passed": False, "feedback": result.text}
+
+
+def test_keyboard_interrupt_still_stops_the_checker(tmp_path, monkeypatch):
+    import signal
+
+    log = tmp_path / "results.jsonl"
+    monkeypatch.setenv(_framework.RESULTS_ENV, str(log))
+
+    def interrupted(x, n_heads):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        ex.check_split_heads(interrupted)
+    assert not log.exists()  # the reader stopped the checker: nothing to grade
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    assert signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, None)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_result_of_another_dtype_says_so(dtype):
+    result = ex.check_softmax(lambda scores: torch.softmax(scores.to(dtype), dim=-1))
+    assert not result.passed
+    assert f"(your result has dtype {dtype}, the expected one torch.float32)" in result.text, result.text
+    assert ex.check_softmax(lambda scores: torch.softmax(scores.double(), dim=-1)).passed  # close enough: no hint

@@ -1,12 +1,15 @@
-"""The checkers' framework: the case runner, the comparison helpers and the ``@checker`` decorator.
+"""The checkers' framework: the case runner, the comparison of results and the ``@checker`` decorator.
 
 A checker is written as ``def check_x(c: Checker, answer) -> None`` that runs its hidden cases with
 ``c.case(...)``; ``@checker`` turns it into the public ``check_x(answer) -> CheckResult``, which
 refuses a non-callable answer, keeps the reader's random streams untouched and prints the feedback.
+CONTRIBUTING.md ("Writing a checker") walks through one.
 
 A case hands the answer copies of its ``inputs`` and fails an answer that changes them in place, gives
-the answer :data:`CASE_TIMEOUT_SECONDS` to return, and turns anything odd the answer does (raise, hang,
-return a sparse tensor or one on another device) into a failed case with feedback, never a crash.
+the answer :data:`CASE_TIMEOUT_SECONDS` to return, and turns anything odd the answer does (raise, call
+``sys.exit()``, hang, return a sparse tensor or one on another device) into a failed case with feedback,
+never a crash. Only ``KeyboardInterrupt`` (the reader pressing stop) goes through. When the result is
+wrong, the case looks for it among the checker's known bugs (:func:`bug_table`) to show that bug's hint.
 
 ``@checker(answer="value")`` builds a checker whose answer is a value rather than a function: the number
 a reader predicts before running a cell ("predict, then run").
@@ -33,7 +36,7 @@ import re
 import signal
 import threading
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,10 +88,26 @@ class CheckResult:
 
 @dataclass
 class Bug:
-    """A known wrong implementation: if the answer equals ``fn(*args)``, show ``hint``."""
+    """A known wrong implementation: if the answer equals ``fn()``, show ``hint``."""
 
-    fn: Callable[..., Any]
+    fn: Callable[[], Any]
     hint: str
+
+
+def bug_table(rows: Iterable[tuple[Any, str]], wrong: Callable[..., Any], /, *args: Any) -> tuple[Bug, ...]:
+    """The :class:`Bug` of each row ``(bug, hint)`` of a checker's table of classic mistakes.
+
+    ``wrong`` is the checker's reference with a switch for each mistake: the row's answer is
+    ``wrong(*args, bug=bug)``, or ``wrong(*args, **bug)`` when ``bug`` is a dict of keyword arguments. It is
+    computed only if the answer fails the case; a row whose answer is right on this case never matches.
+    """
+    return tuple(
+        Bug(functools.partial(wrong, *args, **(bug if isinstance(bug, dict) else {"bug": bug})), hint)
+        for bug, hint in rows
+    )
+
+
+# ---------------------------------------------------------------- comparing a result with the expected one
 
 
 def _describe(x: Any) -> str:
@@ -118,7 +137,7 @@ def _short(x: Any, limit: int = 120) -> str:
 
 
 def _difference(got: Any, expected: Any, atol: float = 1e-5) -> str | None:
-    """None when ``got`` equals ``expected`` (tensors or tuples of tensors); else what differs."""
+    """None when ``got`` equals ``expected`` (tensors, tuples of them, numbers, plain values); else what differs."""
     if isinstance(expected, tuple):
         if not isinstance(got, tuple) or len(got) != len(expected):
             return f"expected a tuple of {len(expected)} ({_describe(expected)}), got {_describe(got)}"
@@ -137,6 +156,10 @@ def _difference(got: Any, expected: Any, atol: float = 1e-5) -> str | None:
         return None if got == expected else f"expected {_short(expected)}, got {_short(got)}"
     if not isinstance(got, Tensor):
         return f"expected {_describe(expected)}, got {_describe(got)}"
+    return _tensor_difference(got, expected, atol)
+
+
+def _tensor_difference(got: Tensor, expected: Tensor, atol: float) -> str | None:
     if got.layout != torch.strided or got.device != expected.device:
         where = "the CPU" if expected.device.type == "cpu" else str(expected.device)
         kind = "dense" if got.layout == torch.strided else str(got.layout).removeprefix("torch.")
@@ -160,7 +183,13 @@ def _difference(got: Any, expected: Any, atol: float = 1e-5) -> str | None:
         return None
     if not got.is_floating_point():
         return f"expected a floating-point tensor, got dtype {got.dtype}"
-    got, expected = got.detach().double(), expected.detach().double()
+    problem = _float_difference(got.detach().double(), expected.detach().double(), atol)
+    if problem and got.dtype != expected.dtype:  # e.g. float16, whose rounding and range may be the cause
+        problem += f" (your result has dtype {got.dtype}, the expected one {expected.dtype})"
+    return problem
+
+
+def _float_difference(got: Tensor, expected: Tensor, atol: float) -> str | None:
     if torch.isnan(got).any() and not torch.isnan(expected).any():
         return "the result contains NaN"
     if not torch.equal(torch.isinf(got), torch.isinf(expected)):
@@ -227,25 +256,24 @@ def _in_place_change(name: str, before: Any, after: Any) -> tuple[str, str] | No
     return None
 
 
-_IN_PLACE_HINT = (
-    "don't write into the tensors you are given: operations ending in an underscore (x.zero_(), "
-    "x.masked_fill_(...)), x[...] = ... and x += ... change the caller's tensor. Compute a new one instead "
-    "(x.masked_fill(...), x = x + ...), or start from x = x.clone()."
-)
+# ---------------------------------------------------------------- running the answer, with a time limit
 
 
 class _TimeLimitReached(BaseException):
     """Raised inside an answer whose time is up; a BaseException, so the answer's ``except Exception`` lets it by."""
 
 
-@dataclass
-class _Outcome:
-    """What calling the answer gave: its value, the exception it raised, or the time limit."""
+class _StillRunning(_TimeLimitReached):
+    """The time limit of the thread fallback, which cannot stop the answer."""
 
-    value: Any = None
-    error: BaseException | None = None
-    timed_out: bool = False
-    still_running: bool = False  # the thread fallback cannot stop the answer
+
+def _call(call: Callable[[], Any]) -> tuple[Any, BaseException | None]:
+    """``(call(), None)``, or ``(None, what it raised)``. ``sys.exit()`` in an answer is a wrong answer like any
+    other, not the end of the reader's kernel; a KeyboardInterrupt (the reader pressing stop) goes through."""
+    try:
+        return call(), None
+    except (Exception, SystemExit) as e:
+        return None, e
 
 
 def _can_use_alarm() -> bool:
@@ -258,62 +286,55 @@ def _can_use_alarm() -> bool:
     )
 
 
-def _run_with_alarm(call: Callable[[], Any], seconds: float) -> _Outcome:
-    """Call ``call()`` in this (main) thread; SIGALRM interrupts it after ``seconds`` (POSIX: Linux, macOS, Colab)."""
-    armed, fired = True, False
+def _run_with_alarm(call: Callable[[], Any], seconds: float) -> tuple[Any, BaseException | None]:
+    """:func:`_call` in this (main) thread; SIGALRM interrupts it after ``seconds``, and again every
+    :data:`_ALARM_REPEAT_SECONDS` while it runs, should it swallow the interruption (POSIX: Linux, macOS, Colab).
+    SIGALRM does not go through SIGINT: an answer that ignores SIGINT is stopped all the same."""
+    running, fired = True, False
 
     def on_alarm(signum: int, frame: Any) -> None:
         nonlocal fired
-        if armed:  # a late alarm, after the answer returned, does nothing
-            fired = True
+        fired = True  # an answer that returns after its time is up fails all the same
+        if running:
             raise _TimeLimitReached
 
     previous = signal.signal(signal.SIGALRM, on_alarm)
-    outcome = _Outcome()
     try:
-        try:
-            signal.setitimer(signal.ITIMER_REAL, seconds, _ALARM_REPEAT_SECONDS)
-            outcome = _Outcome(value=call())
-        except Exception as e:
-            outcome = _Outcome(error=e)
-        finally:
-            armed = False
-            signal.setitimer(signal.ITIMER_REAL, 0)
-    except _TimeLimitReached:  # raised in the answer, or in the lines above before they disarmed the timer
-        pass
+        signal.setitimer(signal.ITIMER_REAL, seconds, _ALARM_REPEAT_SECONDS)
+        outcome = _call(call)
+    except _TimeLimitReached as e:  # in the answer, or just after it returned
+        outcome = None, e
     finally:
-        armed = False
+        running = False
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
-    return _Outcome(timed_out=True) if fired else outcome
+    return (None, _TimeLimitReached()) if fired else outcome
 
 
-def _run_in_thread(call: Callable[[], Any], seconds: float) -> _Outcome:
-    """Call ``call()`` in a daemon thread and wait at most ``seconds`` (where SIGALRM is not available).
+def _run_in_thread(call: Callable[[], Any], seconds: float) -> tuple[Any, BaseException | None]:
+    """:func:`_call` in a daemon thread, waiting at most ``seconds`` (where SIGALRM is not available).
 
     Python cannot kill a thread: an answer that never returns keeps running in the background until the
     kernel restarts. It works on its own copies of the inputs, so the later cases are unaffected, but
     it may still draw from the global random generators after the checker restored them.
     """
-    outcome = _Outcome(timed_out=True, still_running=True)
+    outcome: list[tuple[Any, BaseException | None]] = []
     grad_enabled = torch.is_grad_enabled()  # grad mode is per thread: carry the checker's torch.no_grad() over
 
     def run() -> None:
-        nonlocal outcome
         with torch.set_grad_enabled(grad_enabled):
             try:
-                result = _Outcome(value=call())
-            except BaseException as e:  # even SystemExit: a thread cannot pass it on
-                result = _Outcome(error=e)
-        outcome = result
+                outcome.append(_call(call))
+            except BaseException as e:  # a thread cannot pass anything on
+                outcome.append((None, e))
 
     thread = threading.Thread(target=run, name="exercise checker: the answer", daemon=True)
     thread.start()
     thread.join(seconds)
-    return _Outcome(timed_out=True, still_running=True) if thread.is_alive() else outcome
+    return outcome[0] if outcome else (None, _StillRunning())
 
 
-def _run_with_time_limit(call: Callable[[], Any], seconds: float) -> _Outcome:
+def _run_with_time_limit(call: Callable[[], Any], seconds: float) -> tuple[Any, BaseException | None]:
     """Call ``call()``, giving up after ``seconds``: SIGALRM where possible, a daemon thread otherwise."""
     return _run_with_alarm(call, seconds) if _can_use_alarm() else _run_in_thread(call, seconds)
 
@@ -336,6 +357,77 @@ def uses_dot_T(line: str) -> bool:
     return re.search(r"\.T\b", line) is not None
 
 
+# ---------------------------------------------------------------- one case: what went wrong, and the hint
+
+_Failure = tuple[str, str]  # (what is wrong, the hint)
+
+_TIMEOUT_HINT = (
+    "look for a loop that never ends (a `while` whose condition never changes), or one over every "
+    "element where a tensor operation would do."
+)
+_EXIT_HINT = "sys.exit(), exit() and quit() end the whole program: give the result back with return."
+_IN_PLACE_HINT = (
+    "don't write into the tensors you are given: operations ending in an underscore (x.zero_(), "
+    "x.masked_fill_(...)), x[...] = ... and x += ... change the caller's tensor. Compute a new one instead "
+    "(x.masked_fill(...), x = x + ...), or start from x = x.clone()."
+)
+
+
+def _error_failure(
+    error: BaseException | None, seconds: float, error_hint: str | Callable[[Exception], str], hint: str
+) -> _Failure | None:
+    """The answer raised ``error`` or ran out of time: say so, with ``error_hint`` (maybe a function of the
+    exception) or ``hint``."""
+    if error is None:
+        return None
+    if isinstance(error, _TimeLimitReached):
+        background = " (it may still be running in the background)" if isinstance(error, _StillRunning) else ""
+        return f"took longer than {seconds:g} s: an infinite loop?{background}", _TIMEOUT_HINT
+    what = f"raised {type(error).__name__}" + (f": {error}" if str(error) else "")
+    if isinstance(error, SystemExit):
+        return what, _EXIT_HINT
+    try:
+        specific = error_hint(error) if callable(error_hint) else error_hint
+    except Exception:
+        specific = ""
+    return what, specific or hint
+
+
+def _in_place_failure(inputs: dict[str, Any], copies: dict[str, Any]) -> _Failure | None:
+    for input_name, original in inputs.items():
+        try:
+            change = _in_place_change(input_name, original, copies[input_name])
+        except Exception as e:
+            change = (input_name, f"it can no longer be compared ({type(e).__name__}: {e})")
+        if change:
+            where, what = change
+            return f"your function changed its input in place ({where}): {what}", _IN_PLACE_HINT
+    return None
+
+
+def _result_failure(got: Any, expected: Any, bugs: Iterable[Bug], hint: str, atol: float) -> _Failure | None:
+    try:  # an odd result (sparse, on another device, a subclass) must not crash the checker either
+        problem = _difference(got, expected, atol)
+    except Exception as e:
+        return f"could not compare your result with the expected one: {type(e).__name__}: {e}", hint
+    if problem is None:
+        return None
+    return problem, _hint_of_matching_bug(got, expected, bugs, atol) or hint
+
+
+def _hint_of_matching_bug(got: Any, expected: Any, bugs: Iterable[Bug], atol: float) -> str:
+    """The hint of the first bug that gives ``got`` (NaN read as 0: a softmax over all -inf still identifies the
+    bug that made it); a bug that gives the right result on this case is skipped."""
+    for bug in bugs:
+        try:
+            wrong = bug.fn()
+            if _difference(wrong, expected, atol) is not None and _difference(_nan_to_zero(got), wrong, atol) is None:
+                return bug.hint
+        except Exception:
+            continue
+    return ""
+
+
 class Checker:
     """Runs a checker's cases, collects one feedback line per case and counts the failures."""
 
@@ -348,7 +440,7 @@ class Checker:
         name: str,
         answer: Callable[..., Any],
         expected: Any,
-        bugs: tuple[Bug, ...] = (),
+        bugs: Iterable[Bug] = (),
         hint: str = "",
         error_hint: str | Callable[[Exception], str] = "",
         atol: float = 1e-5,
@@ -366,50 +458,16 @@ class Checker:
         inputs = inputs or {}
         copies = copy.deepcopy(inputs)  # one copy per object: aliased inputs (key is value) stay aliased
         seconds = CASE_TIMEOUT_SECONDS if self.timeout_seconds is None else self.timeout_seconds
-        outcome = _run_with_time_limit(lambda: answer(**copies), seconds)
-        if outcome.timed_out:
-            background = " (it may still be running in the background)" if outcome.still_running else ""
-            self._fail(
-                name,
-                f"took longer than {seconds:g} s: an infinite loop?{background}",
-                "look for a loop that never ends (a `while` whose condition never changes), or one over every "
-                "element where a tensor operation would do.",
-            )
-            return
-        if outcome.error is not None:
-            e = outcome.error
-            try:
-                specific = error_hint(e) if callable(error_hint) else error_hint
-            except Exception:
-                specific = ""
-            self._fail(name, f"raised {type(e).__name__}: {e}", specific or hint)
-            return
-        for input_name, original in inputs.items():
-            try:
-                change = _in_place_change(input_name, original, copies[input_name])
-            except Exception as e:
-                change = (input_name, f"it can no longer be compared ({type(e).__name__}: {e})")
-            if change:
-                where, what = change
-                self._fail(name, f"your function changed its input in place ({where}): {what}", _IN_PLACE_HINT)
-                return
-        got = outcome.value
-        try:  # an odd result (sparse, on another device, a subclass) must not crash the checker either
-            problem = _difference(got, expected, atol)
-        except Exception as e:
-            self._fail(name, f"could not compare your result with the expected one: {type(e).__name__}: {e}", hint)
-            return
-        if problem is None:
+        got, error = _run_with_time_limit(lambda: answer(**copies), seconds)
+        failure = (
+            _error_failure(error, seconds, error_hint, hint)
+            or _in_place_failure(inputs, copies)
+            or _result_failure(got, expected, bugs, hint, atol)
+        )
+        if failure:
+            self._fail(name, *failure)
+        else:
             self.lines.append(f"  ✅ {name}")
-            return
-        for bug in bugs:  # NaN rows (e.g. softmax over all -inf) still identify the bug that made them
-            try:
-                if _difference(_nan_to_zero(got), bug.fn(), atol) is None:
-                    self._fail(name, problem, bug.hint)
-                    return
-            except Exception:
-                continue
-        self._fail(name, problem, hint)
 
     def _fail(self, name: str, problem: str, hint: str) -> None:
         self.failures += 1
@@ -419,7 +477,7 @@ class Checker:
 
     def done(self, quiet: bool = False) -> CheckResult:
         """The summary and the feedback lines as a :class:`CheckResult`, printed unless ``quiet``."""
-        n = sum(1 for line in self.lines if line.startswith("  ✅") or line.startswith("  ❌"))
+        n = sum(1 for line in self.lines if line.startswith(("  ✅", "  ❌")))
         passed = self.failures == 0
         summary = f"All {n} checks passed." if passed else f"{self.failures} of {n} checks failed."
         result = CheckResult(f"{self.title}: {summary}", passed, self.lines)
