@@ -142,13 +142,14 @@ def _beam(
         for b in range(B):
             filled = 0
             for j in range(2 * k):
-                score, src_beam, tok = top[b, j].item(), beam[b, j].item(), token[b, j].item()
+                score, src_beam, tok = top[b, j].item(), int(beam[b, j]), int(token[b, j])
                 if score == float("-inf"):
                     break
                 if tok == eos_id:  # a finished hypothesis: keep the best by normalized score
                     seq = torch.cat([seqs[b * k + src_beam], torch.tensor([eos_id], device=device)])
                     norm = score / (t**length_penalty)
-                    if best[b] is None or norm > best[b][0]:
+                    kept = best[b]
+                    if kept is None or norm > kept[0]:
                         best[b] = (norm, seq)
                     continue
                 new_scores[b, filled], new_index[b, filled], new_token[b, filled] = score, b * k + src_beam, tok
@@ -161,11 +162,8 @@ def _beam(
         scores = new_scores
         # stop when no live beam can beat the best finished hypothesis of its example
         bound = scores.max(-1).values / (max_len**length_penalty if length_penalty > 0 else 1.0)
-        if all(best[b] is not None and (bound[b].item() <= best[b][0]) for b in range(B)):
+        if all(kept is not None and bound[b].item() <= kept[0] for b, kept in enumerate(best)):
             break
-    results = []
-    for b in range(B):
-        if best[b] is None:  # nothing finished: take the best live beam
-            best[b] = (0.0, seqs[b * k + int(scores[b].argmax())])
-        results.append(best[b][1])
+    # an example where nothing finished: its best live beam
+    results = [seqs[b * k + int(scores[b].argmax())] if kept is None else kept[1] for b, kept in enumerate(best)]
     return torch.nn.utils.rnn.pad_sequence(results, batch_first=True, padding_value=pad_id)

@@ -48,7 +48,9 @@ def copy_from_torch(ours: nn.Module, theirs: nn.Module) -> nn.Module:
                 proj.bias.copy_(b)
         ours.out_proj.load_state_dict(theirs.out_proj.state_dict())
         return ours
-    pairs = {
+    Layer = EncoderLayer | DecoderLayer
+    TheirLayer = nn.TransformerEncoderLayer | nn.TransformerDecoderLayer
+    pairs: dict[type[Layer], tuple[type[TheirLayer], list[tuple[str, str]]]] = {
         EncoderLayer: (
             nn.TransformerEncoderLayer,
             [("self_attn", "self_attn"), ("norm1", "norm1"), ("norm2", "norm2")],
@@ -79,7 +81,9 @@ def copy_from_torch(ours: nn.Module, theirs: nn.Module) -> nn.Module:
     raise TypeError(f"don't know how to copy {type(theirs).__name__} into {type(ours).__name__}")
 
 
-def _validate_same_layer(ours: nn.Module, theirs: nn.Module) -> None:
+def _validate_same_layer(
+    ours: EncoderLayer | DecoderLayer, theirs: nn.TransformerEncoderLayer | nn.TransformerDecoderLayer
+) -> None:
     """Refuse to copy between layers that would compute different things with the same weights."""
     their_activation = {1: "relu", 2: "gelu"}.get(getattr(theirs, "activation_relu_or_gelu", 0))
     if their_activation is None:

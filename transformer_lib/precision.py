@@ -8,6 +8,7 @@ stream, the attention core on the CPU, the output logits and the loss stay in fp
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -80,7 +81,7 @@ def output_in_fp32(head: nn.Linear, h: Tensor) -> Tensor:
     return head(h)
 
 
-def fused_attention(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> Tensor:
+def fused_attention(q: Tensor, k: Tensor, v: Tensor, **kwargs: Any) -> Tensor:
     """``F.scaled_dot_product_attention``, in fp32 when bf16 inputs are on the CPU.
 
     PyTorch's CPU attention kernels are slower in bf16 than in fp32 (the backward about 4x

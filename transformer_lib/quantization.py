@@ -81,6 +81,10 @@ class Int8Linear(nn.Module):
     Defined in chapter 9, Inference and deployment.
     """
 
+    weight_int8: Tensor  # buffers, registered in __init__
+    weight_scale: Tensor
+    bias: Tensor | None
+
     def __init__(self, weight_int8: Tensor, weight_scale: Tensor, bias: Tensor | None = None) -> None:
         super().__init__()
         dequantize(weight_int8, weight_scale)  # validates the pair
