@@ -1,7 +1,8 @@
 # Two commands do all the set-up on a fresh clone:
 #   make book   builds the HTML book (virtual environment, packages, vendored JS, executed notebooks)
 #   make test   runs the whole test suite (library, notebooks, book build, pages in headless Chromium)
-# and `make lint` checks the code with ruff (lint and format), as CI does before `make test`.
+# and `make lint` checks the code with ruff (lint and format) and mypy (types of the core library), as CI
+# does before `make test`. `make help` lists every target.
 #
 # Which PyTorch: `pip install torch==2.13.0` (TORCH) takes the registry's default build. On Linux
 # that is the CUDA build (several GB, with its nvidia-* libraries); on macOS and Windows, and on
@@ -35,7 +36,13 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 QUIET_PIP := { grep -v "is ignored: it is neither a file nor a directory" || true; }
 
-.PHONY: setup book lint test test-fast test-lib browser student colab grade lock busy-check fp32-check reseed-check clean
+.PHONY: help setup book lint format test test-fast test-floor test-lib browser student colab grade lock busy-check \
+	fp32-check reseed-check clean distclean
+.DEFAULT_GOAL := help
+
+# Each target's line ends with `## what it does`; `make help` prints those.
+help:  ## this list
+	@sed -nE 's/^([a-z0-9-]+):.*## (.*)$$/  \1\t\2/p' $(MAKEFILE_LIST) | expand -t 16
 
 # torch first (TORCH, from TORCH_INDEX when set), so that requirements.txt's torch>=2.4 takes the
 # build chosen here; then requirements.txt (the book build: the package's extras [book] and [dev],
@@ -57,45 +64,62 @@ $(STAMP): requirements.txt pyproject.toml $(CONSTRAINTS)
 	$(BIN)/python -c "import torch, transformer_lib; print('torch', torch.__version__, '- transformer_lib', transformer_lib.__version__)"
 	touch $@
 
-setup: $(STAMP)
+setup: $(STAMP)  ## the virtual environment .venv (torch, requirements.txt with the lock, the package)
 
 # Vendors the pages' JavaScript from npm (scripts/vendor_js.py), then runs
 # jupyter-book build . -W -n --keep-going with every notebook executed (cached between builds).
-book: setup
+book: setup  ## the HTML book in _build/html (warnings are errors, every notebook executed)
 	$(BIN)/python scripts/build_book.py
 
 # Headless Chromium for the tests that look at the built pages as a reader does (Debian package).
-browser:
+browser:  ## headless Chromium, for the browser tests (apt-get, Debian)
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
 
-# ruff's lint rules and formatting (configured in pyproject.toml); fix with
-# `.venv/bin/ruff check --fix . && .venv/bin/ruff format .`. Both checks run; either failing fails.
-lint: setup
-	status=0; $(BIN)/ruff check . || status=1; $(BIN)/ruff format --check . || status=1; exit $$status
+# ruff's lint rules and formatting, and mypy on the core library (all configured in pyproject.toml;
+# .pre-commit-config.yaml runs the same three before each commit). All three run; any failing fails.
+lint: setup  ## ruff check, ruff format --check and mypy, as CI runs them
+	status=0; $(BIN)/ruff check . || status=1; $(BIN)/ruff format --check . || status=1; \
+	$(BIN)/mypy || status=1; exit $$status
 
-test: setup browser
+# What `make lint` can fix by itself: ruff's fixable findings, then the formatting.
+format: setup  ## apply ruff's fixes and formatting
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+test: setup browser  ## the whole test suite
 	$(BIN)/python -m pytest
 
 # Everything but the tests marked slow, notebooks, book, browser or benchmark (pyproject.toml).
-test-fast: setup
-	$(BIN)/python -m pytest -m "not slow and not notebooks and not book and not browser and not benchmark"
+FAST := not slow and not notebooks and not book and not browser and not benchmark
+test-fast: setup  ## the inner loop: the tests not marked slow, notebooks, book, browser or benchmark
+	$(BIN)/python -m pytest -m "$(FAST)"
+
+# The fast tests against the oldest PyTorch the package accepts (requirements.txt's `torch>=X.Y`: the newest
+# X.Y.* release), in $(FLOOR_VENV), set up as `make setup` does. From the registry that is the CUDA build
+# (about 3 GB with its nvidia-* libraries); `make TORCH_INDEX=https://download.pytorch.org/whl/cpu test-floor`
+# takes the CPU one.
+FLOOR_VENV ?= .venv-floor
+TORCH_FLOOR ?= torch==$(shell sed -n 's/^torch>=//p' requirements.txt).*
+test-floor:  ## the fast tests against the oldest PyTorch the package accepts, in .venv-floor
+	$(MAKE) VENV=$(FLOOR_VENV) TORCH="$(TORCH_FLOOR)" setup
+	$(FLOOR_VENV)/bin/python -m pytest -m "$(FAST)"
 
 # The tests outside tests/test_book.py.
-test-lib: setup
+test-lib: setup  ## the tests outside tests/test_book.py
 	$(BIN)/python -m pytest tests --ignore=tests/test_book.py
 
 # Student copies of the chapters, solutions removed, in _build/student/ (MyST markup kept: for JupyterLab
 # with jupyterlab-myst, or to edit).
-student: setup
+student: setup  ## student copies of the chapters in _build/student
 	$(BIN)/python scripts/make_student.py
 
 # The student notebooks for Colab, committed in colab/ (solutions removed, MyST turned into plain Markdown),
 # and the grader's exercise catalogue. Run after changing a chapter; a test fails when they are stale.
-colab: setup
+colab: setup  ## the committed Colab notebooks in colab/ and the grader's catalogue
 	$(BIN)/python scripts/make_colab.py
 
 # Grade a class: `make grade SUBMISSIONS="alice.ipynb bob.ipynb" [CSV=grades.csv]`.
-grade: setup
+grade: setup  ## grade a class: make grade SUBMISSIONS="a.ipynb b.ipynb" [CSV=grades.csv]
 	$(BIN)/python -m transformer_lib.grade $(SUBMISSIONS) $(if $(CSV),--csv $(CSV),)
 
 # The newest versions: a fresh $(LATEST_VENV) installed without the lock, its lock written next to it,
@@ -103,7 +127,7 @@ grade: setup
 # build, executed afresh: scripts/build_book.py clears its cache when the versions differ), and only
 # then the candidate copied to $(LOCK). `make setup` then brings .venv to the new lock.
 # `make lock LOCK_CHECKS=test` runs the whole suite there instead.
-lock:
+lock:  ## rewrite constraints.txt from the newest versions, once they pass in .venv-latest
 	rm -rf $(LATEST_VENV)
 	$(MAKE) VENV=$(LATEST_VENV) CONSTRAINTS= setup
 	$(LATEST_VENV)/bin/python scripts/lock.py --output $(LATEST_VENV)/$(LOCK)
@@ -115,14 +139,20 @@ lock:
 # (scripts/execute_chapters.py; executed notebooks and times.json in _build/checks/). Each prints one
 # line per chapter and fails when a chapter does.
 # A busy machine: one busy-loop process beside the chapters that time things.
-busy-check: setup
+busy-check: setup  ## chapters 3 and 6-9 beside a busy-loop process
 	$(BIN)/python scripts/execute_chapters.py 3 6 7 8 9 --busy 1 --out _build/checks/busy
 # Every chapter in fp32 (TRANSFORMER_LIB_PRECISION=fp32), the precision of CPUs without native bf16.
-fp32-check: setup
+fp32-check: setup  ## every chapter in fp32
 	$(BIN)/python scripts/execute_chapters.py --precision fp32 --out _build/checks/fp32
 # Every chapter with other seeds: each seed a chapter sets, plus 1000.
-reseed-check: setup
+reseed-check: setup  ## every chapter with other seeds
 	$(BIN)/python scripts/execute_chapters.py --reseed 1000 --out _build/checks/reseed
 
-clean:
+clean:  ## the build outputs (_build)
 	rm -rf _build
+
+# Everything `make` made: also the virtual environments, the vendored JavaScript (book/_vendor, from npm)
+# and the tools' caches. The next `make book` starts from scratch.
+distclean: clean  ## also .venv, .venv-latest, .venv-floor, book/_vendor and the caches
+	rm -rf $(VENV) $(LATEST_VENV) $(FLOOR_VENV) book/_vendor book/_vendor.partial-* build \
+		.pytest_cache .ruff_cache .mypy_cache .hypothesis
