@@ -88,8 +88,7 @@ def _validate_token_range(name: str, idx: Tensor, vocab_size: int) -> None:
     Other devices rely on the embedding's own index check.
     """
     if _reads_are_free(idx):
-        lo, hi = torch.aminmax(idx)
-        lo, hi = int(lo), int(hi)
+        lo, hi = (int(v) for v in torch.aminmax(idx))
         if lo < 0 or hi >= vocab_size:
             bad = lo if lo < 0 else hi
             raise ValueError(f"{name} contains token id {bad}, outside the vocabulary [0, {vocab_size})")

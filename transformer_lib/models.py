@@ -84,9 +84,14 @@ class Seq2SeqTransformer(nn.Module):
         self.tgt_embed = nn.Embedding(tgt_vocab_size, d_model)
         self.pos = _absolute_positions(positional, d_model, max_len)
         self.dropout = nn.Dropout(dropout)
-        kw = dict(d_model=d_model, n_heads=n_heads, d_ff=d_ff, dropout=dropout, activation=activation)
-        self.encoder_layers = nn.ModuleList(EncoderLayer(**kw, norm_first=norm_first) for _ in range(n_encoder_layers))
-        self.decoder_layers = nn.ModuleList(DecoderLayer(**kw, norm_first=norm_first) for _ in range(n_decoder_layers))
+        self.encoder_layers = nn.ModuleList(
+            EncoderLayer(d_model, n_heads, d_ff, dropout=dropout, activation=activation, norm_first=norm_first)
+            for _ in range(n_encoder_layers)
+        )
+        self.decoder_layers = nn.ModuleList(
+            DecoderLayer(d_model, n_heads, d_ff, dropout=dropout, activation=activation, norm_first=norm_first)
+            for _ in range(n_decoder_layers)
+        )
         # Pre-LN stacks end un-normalized, so they get a final norm (as nn.Transformer does).
         self.encoder_norm = make_norm("layernorm", d_model) if norm_first else nn.Identity()
         self.decoder_norm = make_norm("layernorm", d_model) if norm_first else nn.Identity()
