@@ -34,6 +34,8 @@ import sys
 import time
 from pathlib import Path
 
+import vendor_js  # scripts/, next to this file
+
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "_build"
 CACHE = BUILD / ".jupyter_cache"
@@ -94,9 +96,6 @@ def jupyter_book() -> str:
 def main(argv: list[str]) -> int:
     fresh = "--fresh" in argv
     extra = [a for a in argv if a != "--fresh"]
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import vendor_js
-
     try:
         current = {"library_sha256": library_hash(), "precision": precision(), "packages_sha256": packages_hash()}
     except ValueError as e:

@@ -44,8 +44,8 @@ STAMP = BUILD / ".book-build.json"
 
 pytestmark = [pytest.mark.book, pytest.mark.skipif(os.environ.get("BOOK_TESTS", "1") == "0", reason="BOOK_TESTS=0")]
 
-# What each page must show. DESIGN.md: static matplotlib figures first, at least one widget
-# per chapter, equations; the pipeline check also exercises a bertviz view.
+# What each page must show (book/how_to_use.md, the README): static matplotlib figures first, at least
+# one widget per chapter, equations; the pipeline check also exercises a bertviz view.
 CHAPTER_REQUIRES = {"figure", "widget", "math"}
 EXTRA_REQUIRES = {
     "chapters/03_multi_head_attention": {"bertviz"},
@@ -121,7 +121,6 @@ def _stale() -> str | None:
     if newer:
         return f"{len(newer)} source(s) changed, e.g. {newer[0].relative_to(ROOT)}"
     # What no file's time shows: the precision the chapters run in, and the installed packages.
-    sys.path.insert(0, str(ROOT / "scripts"))
     import build_book
 
     stamp = json.loads(STAMP.read_text())

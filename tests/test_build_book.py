@@ -4,15 +4,13 @@ the precision (TRANSFORMER_LIB_PRECISION) or the packages. jupyter-book itself i
 from __future__ import annotations
 
 import json
-import sys
-import types
 from pathlib import Path
 
 import pytest
 
+import build_book
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-import build_book  # noqa: E402
 
 
 @pytest.fixture
@@ -23,7 +21,7 @@ def build(tmp_path, monkeypatch):
     monkeypatch.setattr(build_book, "CACHE", tmp_path / ".jupyter_cache")
     monkeypatch.setattr(build_book, "STAMP", tmp_path / ".book-build.json")
     monkeypatch.setattr(build_book, "jupyter_book", lambda: "jupyter-book")
-    monkeypatch.setitem(sys.modules, "vendor_js", types.SimpleNamespace(main=lambda argv: 0))
+    monkeypatch.setattr(build_book.vendor_js, "main", lambda argv: 0)  # no npm
     monkeypatch.delenv("TRANSFORMER_LIB_PRECISION", raising=False)
     calls = []
 

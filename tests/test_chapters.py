@@ -2,23 +2,21 @@
 and student copies without solutions that still run."""
 
 import re
-import sys
 from pathlib import Path
 
 import nbformat
 import pytest
 import yaml
 
+import check_no_outputs
+import make_colab
+from exercise_report import MAX_SIMILARITY, normalised_tokens, similarity, solution_similarity
+from make_student import student_copy
 from transformer_lib.notebook import exercises
 from transformer_lib.notebook.exercises.catalogue import KINDS, chapter_number, exercises_of
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAPTERS = sorted((ROOT / "chapters").glob("[0-9][0-9]_*.ipynb"))
-CHAPTERS = [p for p in CHAPTERS if not p.name.startswith("00_")]
-sys.path.insert(0, str(ROOT / "scripts"))
-import make_colab  # noqa: E402
-from exercise_report import MAX_SIMILARITY, normalised_tokens, similarity, solution_similarity  # noqa: E402
-from make_student import student_copy  # noqa: E402
 
 
 def load(path: Path) -> nbformat.NotebookNode:
@@ -29,14 +27,25 @@ def code_cells(nb):
     return [c for c in nb.cells if c.cell_type == "code"]
 
 
-def test_there_are_chapters():
-    assert len(CHAPTERS) >= 1
+def test_chapters_and_colab_notebooks_are_committed_without_outputs():
+    """Every chapter _toc.yml lists, and its Colab copy, without outputs (scripts/check_no_outputs.py)."""
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    listed = [c["file"] for part in toc["parts"] for c in part["chapters"] if c["file"].startswith("chapters/")]
+    assert [f"chapters/{p.stem}" for p in CHAPTERS] == listed, "chapters/ holds the chapters _toc.yml lists"
+    assert check_no_outputs.main([]) == 0
 
 
-@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
-def test_committed_without_outputs(path):
-    for cell in code_cells(load(path)):
-        assert not cell.outputs and cell.execution_count is None, f"{path.name}: a cell carries outputs"
+def test_a_notebook_with_outputs_is_refused_by_its_cell_numbers(tmp_path, capsys):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell("# x"), nbformat.v4.new_code_cell("1"), nbformat.v4.new_code_cell("2")]
+    path = tmp_path / "x.ipynb"
+    nbformat.write(nb, path)
+    assert check_no_outputs.main([str(path)]) == 0
+    nb.cells[1].execution_count = 1  # run, its output cleared: still refused
+    nb.cells[2].outputs = [nbformat.v4.new_output("stream", text="2")]
+    nbformat.write(nb, path)
+    assert check_no_outputs.main([str(path)]) == 1
+    assert f"{path}: cells 2, 3 carry outputs" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
@@ -205,7 +214,6 @@ def test_colab_copy_has_no_solutions_and_no_myst(path):
     assert not MYST.search(markdown), MYST.search(markdown).group(0)
     for e in chapter_exercises(path):
         assert f"### Exercise {e.number}: {e.kind}: " in markdown, e.number
-    assert not [c for c in code_cells(colab) if c.outputs or c.execution_count]
 
 
 def test_colab_markup_becomes_markdown_with_links_to_the_book():

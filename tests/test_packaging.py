@@ -28,6 +28,8 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
+import sync_setup_cells
+
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
@@ -35,8 +37,6 @@ except ModuleNotFoundError:  # Python 3.10
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "transformer_lib"
-sys.path.insert(0, str(ROOT / "scripts"))
-import sync_setup_cells  # noqa: E402
 
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
 PROJECT = PYPROJECT["project"]
@@ -205,7 +205,7 @@ def test_requirements_txt_names_nothing_outside_the_package_but_a_build_only_lis
     assert "jupyter-book" in build_names, "the build-only list is the book build's: jupyter-book at least"
     assert not build_names & package, f"{sorted(build_names & package)} are in an extra: list them above"
     jb = next(r for r in build_only if canonicalize_name(r.name) == "jupyter-book")
-    assert str(jb.specifier) == "==1.0.4.post1", "Jupyter Book 1.x, pinned (DESIGN.md: 2.x cannot build offline)"
+    assert str(jb.specifier) == "==1.0.4.post1", "Jupyter Book 1.x, pinned (requirements.txt: 2.x cannot build offline)"
     ipywidgets = next(r for r in listed if canonicalize_name(r.name) == "ipywidgets")
     assert not ipywidgets.specifier.contains("7.7.1"), "the book build uses ipywidgets 8.x"
 
