@@ -3,21 +3,25 @@ loads, and many save/resume cycles that end bit-identical to an uninterrupted ru
 
 import copy
 import dataclasses
+import errno
 import hashlib
 import io
 import os
+import re
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
 import transformer_lib
-from transformer_lib import GPT, GPTConfig
+from transformer_lib import GPT, GPTConfig, checkpoint
+from transformer_lib.checkpoint import CHECKPOINT_FORMAT, CheckpointError
 from transformer_lib.text import random_blocks
-from transformer_lib.training import CHECKPOINT_FORMAT, CheckpointError, TrainConfig, Trainer
+from transformer_lib.training import TrainConfig, Trainer
 
 DATA = torch.arange(400) % 7
 TESTS = Path(__file__).resolve().parent
@@ -141,22 +145,16 @@ def test_two_saves_to_one_path_at_once_leave_one_whole_checkpoint(tmp_path, monk
     path = tmp_path / "ckpt.pt"
     slow, fast = trained(10), trained(5)
     half_written, fast_done = threading.Event(), threading.Event()
-    real_save = torch.save
 
-    def pausing_save(obj, f, *args, **kwargs):
-        if threading.current_thread().name != "slow" or isinstance(f, io.BytesIO):
-            return real_save(obj, f, *args, **kwargs)
-        buffer = io.BytesIO()
-        real_save(obj, buffer, *args, **kwargs)
-        data = buffer.getvalue()
-        handle = open(f, "wb") if isinstance(f, (str, os.PathLike)) else f
-        handle.write(data[: len(data) // 2])
-        handle.flush()
-        half_written.set()
-        assert fast_done.wait(30)
-        handle.write(data[len(data) // 2 :])
-        if handle is not f:
-            handle.close()
+    class Pausing(io.FileIO):  # the file a save writes to; in the thread "slow", it pauses halfway
+        def write(self, data):
+            if threading.current_thread().name != "slow":
+                return super().write(data)
+            super().write(bytes(data[: len(data) // 2]))
+            self.flush()
+            half_written.set()
+            assert fast_done.wait(30)
+            return super().write(bytes(data[len(data) // 2 :])) + len(data) // 2
 
     errors = []
 
@@ -168,7 +166,7 @@ def test_two_saves_to_one_path_at_once_leave_one_whole_checkpoint(tmp_path, monk
         finally:
             half_written.set()
 
-    monkeypatch.setattr(torch, "save", pausing_save)
+    monkeypatch.setattr(checkpoint, "open", Pausing, raising=False)
     writer = threading.Thread(target=save_slowly, name="slow")
     writer.start()
     assert half_written.wait(30)
@@ -210,6 +208,115 @@ for _ in range(15):
     resumed = trainer(seed=3)
     resumed.load(path)
     assert resumed.step in (4, 6)
+
+
+def test_a_full_disk_names_the_file_and_keeps_the_last_checkpoint(tmp_path, monkeypatch):
+    """Review 2026-11-25, N7: a full disk gave "RuntimeError: [enforce fail at inline_container.cc:672] .
+    unexpected pos 832 vs 726", with no path and no "disk full"."""
+    t = trained(5)
+    path = t.save(tmp_path / "ckpt.pt")
+    good = path.read_bytes()
+    t.fit(steps=1)
+
+    class FullDisk(io.FileIO):  # the disk fills up a few hundred bytes into the file
+        def write(self, data):
+            super().write(bytes(data[:300]))
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(checkpoint, "open", FullDisk, raising=False)
+    expected = re.escape(f"No space left on device writing checkpoint {path}; the file there is unchanged")
+    with pytest.raises(OSError, match=expected) as info:
+        t.save(path)
+    assert info.value.errno == errno.ENOSPC
+    monkeypatch.undo()
+    assert path.read_bytes() == good
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]
+
+
+def test_a_save_removes_the_temporaries_of_killed_saves(tmp_path, monkeypatch):
+    """Review 2026-11-25, N8: every kill -9 during a save left a full-size ``ckpt.pt.<uuid>.tmp`` for ever.
+    A save now removes those of its path that are over a minute old and whose writer no longer runs."""
+    path = tmp_path / "ckpt.pt"
+    temporaries = []
+    real_replace = os.replace
+    monkeypatch.setattr(os, "replace", lambda src, dst: temporaries.append(Path(src).name) or real_replace(src, dst))
+    t = trained(2)
+    t.save(path)
+    monkeypatch.undo()
+    assert re.fullmatch(rf"ckpt\.pt\.{os.getpid()}\.[0-9a-f]+\.tmp", temporaries[0])  # the writer's pid is in the name
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = int(gone.stdout)  # a process that has ended
+    names = {
+        f"ckpt.pt.{dead}.0a1b2c.tmp": ("killed", True),
+        "ckpt.pt.9f86d081884c7d659a2feaa0c55ad015.tmp": ("killed, named by an older transformer_lib", True),
+        f"ckpt.pt.{os.getpid()}.3d4e5f.tmp": ("its writer still runs", False),
+        f"other.pt.{dead}.0a1b2c.tmp": ("another file's", False),
+        f"ckpt.pt.{dead}.6a7b8c.tmp": ("too recent to judge (a writer on another machine?)", False),
+    }
+    an_hour_ago = time.time() - 3600
+    for name in names:
+        (tmp_path / name).write_bytes(b"half a checkpoint")
+        if "6a7b8c" not in name:
+            os.utime(tmp_path / name, (an_hour_ago, an_hour_ago))
+    t.save(path)
+    left = {p.name for p in tmp_path.iterdir()}
+    assert left == {"ckpt.pt"} | {name for name, (_, removed) in names.items() if not removed}, left
+
+
+def test_weights_that_are_not_finite_are_never_saved(tmp_path):
+    """Review 2026-11-25, N3: a trainer whose weights had turned NaN saved them over the last good checkpoint."""
+    t = trained(5)
+    path = t.save(tmp_path / "ckpt.pt")
+    good = path.read_bytes()
+    t.fit(steps=1)
+    weight = t.model.tok_emb.weight
+    with torch.no_grad():
+        weight[0, 0] = float("nan")
+    with pytest.raises(CheckpointError, match=r"not saving .*ckpt.pt: .* not finite \(NaN or inf\): tok_emb.weight"):
+        t.save(path)
+    assert path.read_bytes() == good
+    with torch.no_grad():
+        weight[0, 0] = 0.0
+    t.optimizer.state[weight]["exp_avg_sq"][0, 0] = float("inf")
+    with pytest.raises(CheckpointError, match="the optimizer's exp_avg_sq of parameter"):
+        t.save(path)
+    assert path.read_bytes() == good
+
+
+def test_a_checkpoint_with_weights_that_are_not_finite_is_refused(saved):
+    path, t = saved
+    state = unpack(path)
+    state["model"]["tok_emb.weight"][3, 1] = float("nan")
+    repack(state, path)
+    assert_rejected(t, path, r"holds weights that are not finite \(NaN or inf\): tok_emb.weight")
+
+
+def test_a_resume_under_another_train_config_names_each_difference(saved):
+    """Review 2026-11-25, F7: a resume with grad_accum 1 -> 4, max_steps 20 -> 100 and lr x 50 was accepted silently."""
+    path, _ = saved
+    other = trainer(steps=100, lr=0.15, grad_accum_steps=4, weight_decay=0.5)
+    error = assert_rejected(other, path, "was written under another TrainConfig")
+    for difference in (
+        "max_steps: 20 in the checkpoint, 100 here",
+        "lr: 0.003 in the checkpoint, 0.15 here",
+        "weight_decay: 0.1 in the checkpoint, 0.5 here",
+        "grad_accum_steps: 1 in the checkpoint, 4 here",
+        "load(path, allow_config_change=True)",
+    ):
+        assert difference in str(error)
+    other.load(path, allow_config_change=True)  # this trainer's config wins, the optimizer's settings too
+    assert other.step == 10 and other.config.max_steps == 100
+    assert [g["weight_decay"] for g in other.optimizer.param_groups] == [0.5, 0.0]
+    other.fit(steps=1)
+    assert other.step == 11
+
+
+def test_a_resume_may_change_how_the_run_is_shown_and_executed(saved):
+    path, _ = saved
+    t = trainer(progress=True, compile=True)  # not what is computed: accepted
+    t.load(path)
+    assert t.step == 10
 
 
 # ------------------------------------------------------------------ damaged or foreign files

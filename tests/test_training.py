@@ -1,15 +1,13 @@
 import dataclasses
 import io
 import math
-import os
 import re
-from contextlib import nullcontext
 
 import numpy as np
 import pytest
 import torch
 
-from transformer_lib import GPT, GPTConfig, training
+from transformer_lib import GPT, GPTConfig, checkpoint, training
 from transformer_lib.notebook.plots import plot_history
 from transformer_lib.precision import native_dtype
 from transformer_lib.text import random_blocks
@@ -92,16 +90,12 @@ def test_interrupted_save_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
     good = path.read_bytes()
     t.fit()
 
-    real_save = torch.save
+    class Interrupted(io.FileIO):  # interrupted halfway through writing the file
+        def write(self, data):
+            super().write(bytes(data[: len(data) // 2]))
+            raise KeyboardInterrupt
 
-    def crash(obj, f, *a, **k):  # interrupted halfway through writing the file
-        if isinstance(f, io.BytesIO):
-            return real_save(obj, f, *a, **k)
-        with open(f, "wb") if isinstance(f, (str, os.PathLike)) else nullcontext(f) as fh:
-            fh.write(b"half a checkpoint")
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(torch, "save", crash)
+    monkeypatch.setattr(checkpoint, "open", Interrupted, raising=False)
     with pytest.raises(KeyboardInterrupt):
         t.save(path)
     assert path.read_bytes() == good
@@ -286,6 +280,50 @@ def test_with_the_fp16_scaler_a_non_finite_loss_is_still_an_error():
     assert t.step == 10
 
 
+def test_a_nan_validation_loss_stops_training_before_a_saving_callback_sees_it(tmp_path):
+    """Review 2026-11-25, N3: a NaN at step 4 and a callback that saves after every evaluation wrote NaN
+    weights over the good checkpoint at step 6, then said "reload the last checkpoint"."""
+    path = tmp_path / "ckpt.pt"
+    saved_at = []
+
+    def save(tr):
+        tr.save(path)
+        saved_at.append(tr.step)
+
+    settings = dict(steps=20, eval_interval=3, log_interval=10)
+    t = trainer(tiny_gpt(), loss_fn=turns_bad_at(4, lambda loss, model: loss * math.nan), **settings)
+    with pytest.raises(NonFiniteLossError, match=r"training loss is not finite \(NaN or inf\) at step 4 .*reload the"):
+        t.fit(callback=save)
+    assert t.step == 6 and saved_at == [0, 3]  # the evaluation at step 6 raised before the callback
+    assert all(math.isfinite(v) for v in t.history.val_loss)
+    resumed = trainer(tiny_gpt(), **settings)
+    resumed.load(path)  # the last checkpoint is one worth reloading
+    assert resumed.step == 3 and all(torch.isfinite(p).all() for p in resumed.model.parameters())
+
+
+def test_a_nan_validation_loss_alone_is_an_error_too():
+    def nan_in_evaluation(model, batch):
+        loss = default_loss(model, batch)
+        return loss if torch.is_grad_enabled() else loss * math.nan
+
+    t = trainer(tiny_gpt(), steps=20, loss_fn=nan_in_evaluation)
+    with pytest.raises(NonFiniteLossError, match="the validation loss at step 0 is nan"):
+        t.fit()
+    assert t.history.eval_steps == t.history.val_loss == []  # nothing half-recorded
+
+
+def test_fit_at_max_steps_says_how_to_train_longer():
+    """Review 2026-11-25, F11: fit() and fit(n) after max_steps did nothing, silently."""
+    t = trainer(tiny_gpt(), steps=4)
+    t.fit()
+    for steps in (None, 3):
+        with pytest.raises(ValueError, match=r"already at max_steps=4 \(step 4\).*raise max_steps.*replace"):
+            t.fit(steps)
+    t.config = dataclasses.replace(t.config, max_steps=6)  # what the message says
+    t.fit()
+    assert t.step == 6 and t.history.eval_steps == [0, 4, 6]
+
+
 def test_autocast_dtype_follows_the_hardware(monkeypatch):
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
@@ -373,7 +411,7 @@ def test_compiled_training_follows_the_eager_run_and_saves_plain_weights(tmp_pat
     for (name, a), b in zip(eager.model.state_dict().items(), compiled.model.state_dict().values(), strict=True):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5, msg=name)
     compiled.save(tmp_path / "ckpt.pt")
-    resumed = trainer(tiny_gpt(dropout=0.0), steps=6)
+    resumed = trainer(tiny_gpt(dropout=0.0), steps=6, amp=False)  # compile may differ on a resume; amp may not
     resumed.load(tmp_path / "ckpt.pt")
     assert resumed.step == 6
     torch.testing.assert_close(resumed.model.state_dict(), compiled.model.state_dict())

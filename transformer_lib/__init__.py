@@ -11,7 +11,8 @@ Two layers. The core is tensors in, tensors out, one module per idea:
 - ``sampling``: greedy, temperature, top-k and top-p (chapter 7)
 - ``decoding``: greedy and beam search for encoder-decoder models (chapter 6)
 - ``speculative``: speculative decoding: a draft GPT proposes, the target verifies, output = target's greedy
-- ``training``: the training engine: AdamW groups, schedule, clipping, mixed precision, checkpoints (chapters 4-7)
+- ``training``: the training engine: AdamW groups, schedule, clipping, mixed precision (chapters 4-9)
+- ``checkpoint``: the trainer's checkpoint files: checksummed, atomic, loaded all or nothing
 - ``precision``: what runs in bf16 and what stays in fp32
 - ``export``: a GPT as an ONNX file (``torch.onnx.export``), run by ONNX Runtime
 - ``quantization``: int8 weights by hand (per-channel scales) and PyTorch's dynamic int8
