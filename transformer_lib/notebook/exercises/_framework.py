@@ -94,17 +94,14 @@ class Bug:
     hint: str
 
 
-def bug_table(rows: Iterable[tuple[Any, str]], wrong: Callable[..., Any], /, *args: Any) -> tuple[Bug, ...]:
-    """The :class:`Bug` of each row ``(bug, hint)`` of a checker's table of classic mistakes.
+def bug_table(table: dict[str, str], wrong: Callable[..., Any], /, *args: Any) -> tuple[Bug, ...]:
+    """The :class:`Bug` of each entry ``bug: hint`` of a checker's table of classic mistakes.
 
-    ``wrong`` is the checker's reference with a switch for each mistake: the row's answer is
-    ``wrong(*args, bug=bug)``, or ``wrong(*args, **bug)`` when ``bug`` is a dict of keyword arguments. It is
-    computed only if the answer fails the case; a row whose answer is right on this case never matches.
+    ``wrong`` is the checker's reference with a switch for each mistake: the entry's wrong answer is
+    ``wrong(*args, bug=bug)``, computed only if the answer fails the case. An entry whose wrong answer is
+    right on the case never matches.
     """
-    return tuple(
-        Bug(functools.partial(wrong, *args, **(bug if isinstance(bug, dict) else {"bug": bug})), hint)
-        for bug, hint in rows
-    )
+    return tuple(Bug(functools.partial(wrong, *args, bug=bug), hint) for bug, hint in table.items())
 
 
 # ---------------------------------------------------------------- comparing a result with the expected one

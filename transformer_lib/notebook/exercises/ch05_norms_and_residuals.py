@@ -15,30 +15,36 @@ from torch import Tensor, nn
 from ...attention import MultiHeadAttention
 from ...layers import FeedForward
 from ...norms import LayerNorm
-from ._framework import Bug, Checker, checker
+from ._framework import Bug, Checker, bug_table, checker
 
 __all__ = ["check_layer_norm_module", "check_pre_ln_block", "check_stream_growth", "check_running_stats"]
 
 
 # ---------------------------------------------------------------- Spot the bug: a tutorial's LayerNorm module
 
-_UNBIASED_HINT = (
-    "x.std(dim=-1) is the unbiased standard deviation, dividing by d - 1; LayerNorm divides by d: "
-    "x.var(dim=-1, keepdim=True, unbiased=False)."
-)
-_EPS_OUTSIDE_HINT = (
-    "eps belongs inside the square root: (x - mean) / sqrt(var + eps), not (x - mean) / (std + eps). "
-    "It matters where the features barely differ."
-)
-_BOTH_HINT = (
-    "both classic bugs are still there: x.std is unbiased (it divides by d - 1, LayerNorm by d), and eps is "
-    "added outside the square root. Use (x - mean) / sqrt(x.var(dim=-1, keepdim=True, unbiased=False) + eps)."
-)
 _SCALAR_HINT = (
     "alpha and bias hold one number each (torch.ones(1)), so every feature gets the same gain and shift and an "
     "nn.LayerNorm's weight and bias, one per feature, cannot be loaded. Take the number of features in __init__ "
     "and make them nn.Parameter(torch.ones(features)) and nn.Parameter(torch.zeros(features))."
 )
+
+
+_LAYER_NORM_BUGS = {  # bug -> hint, for _wrong_layer_norm(..., bug=bug)
+    "unbiased": "x.std(dim=-1) is the unbiased standard deviation, dividing by d - 1; LayerNorm divides by d: "
+    "x.var(dim=-1, keepdim=True, unbiased=False).",
+    "eps outside": "eps belongs inside the square root: (x - mean) / sqrt(var + eps), not (x - mean) / (std + eps). "
+    "It matters where the features barely differ.",
+    "both": "both classic bugs are still there: x.std is unbiased (it divides by d - 1, LayerNorm by d), and eps is "
+    "added outside the square root. Use (x - mean) / sqrt(x.var(dim=-1, keepdim=True, unbiased=False) + eps).",
+}
+
+
+def _wrong_layer_norm(x: Tensor, w: Tensor, b: Tensor, eps: float, *, bug: str) -> Tensor:
+    """LayerNorm with the unbiased variance, with eps outside the root, or "both" (the tutorial's forward)."""
+    centred = x - x.mean(-1, keepdim=True)
+    if bug == "unbiased":
+        return w * centred / torch.sqrt(centred.var(-1, keepdim=True) + eps) + b
+    return w * centred / (centred.std(-1, keepdim=True, unbiased=bug == "both") + eps) + b
 
 
 def _build(make: Callable[..., Any], features: int, eps: float) -> Any:
@@ -96,17 +102,6 @@ def check_layer_norm_module(c: Checker, layer_norm_class: Callable[..., nn.Modul
     for name, x, loaded in cases:
         d = x.shape[-1]
         w, b = (torch.randn(d), torch.randn(d)) if loaded else (torch.ones(d), torch.zeros(d))
-        centred = x - x.mean(-1, keepdim=True)
-
-        def unbiased(centred=centred, w=w, b=b):
-            return w * centred / torch.sqrt(centred.var(-1, keepdim=True) + eps) + b
-
-        def eps_outside(centred=centred, w=w, b=b):
-            return w * centred / (centred.std(-1, keepdim=True, unbiased=False) + eps) + b
-
-        def both(centred=centred, w=w, b=b):  # the tutorial's forward
-            return w * centred / (centred.std(-1, keepdim=True) + eps) + b
-
         if loaded:
             c.case(
                 f"d={d}: alpha and bias, one gain and one shift per feature",
@@ -123,7 +118,7 @@ def check_layer_norm_module(c: Checker, layer_norm_class: Callable[..., nn.Modul
                 layer_norm_class, x, weight if loaded else None, bias if loaded else None
             ),
             F.layer_norm(x, (d,), w, b, eps),
-            bugs=(Bug(unbiased, _UNBIASED_HINT), Bug(eps_outside, _EPS_OUTSIDE_HINT), Bug(both, _BOTH_HINT)),
+            bugs=bug_table(_LAYER_NORM_BUGS, _wrong_layer_norm, x, w, b, eps),
             hint="normalize each position over its last axis: alpha * (x - mean) / sqrt(var + eps) + bias, with the "
             "biased variance.",
             error_hint=_layer_norm_error_hint,
@@ -145,32 +140,40 @@ class _CausalSelfAttention(nn.Module):
         return self.mha(h, h, h, is_causal=True)
 
 
-_IN_PLACE_HINT = (
-    "the skip path carries the normalized x: h = norm1(x) followed by h + attention(h) (or x = norm1(x); "
-    "x = x + attention(x)) adds the sublayer's output to norm1(x), so the block forgets the residual stream it "
-    "was given. Keep x and add to it: x = x + attention(norm1(x)), then x + ff(norm2(x))."
-)
+def _pre_ln(x: Tensor, attention: nn.Module, ff: nn.Module, norm1: nn.Module, norm2: nn.Module, *, bug: str = ""):
+    """Two Pre-LN blocks, x + attention(norm1(x)) then x + ff(norm2(x)), or one of their wrong versions
+    (:data:`_PRE_LN_BUGS`). Shapes: x (B, T, d_model) -> (B, T, d_model)."""
+    if bug == "Post-LN":
+        h = norm1(x + attention(x))
+        return norm2(h + ff(h))
+    if bug == "no residual":
+        return ff(norm2(attention(norm1(x))))
+    if bug == "norm after":
+        h = x + norm1(attention(x))
+        return h + norm2(ff(h))
 
-
-def _pre_ln_variants(x: Tensor, attention: nn.Module, ff: nn.Module, norm1: nn.Module, norm2: nn.Module) -> dict:
-    """The right Pre-LN layer and its classic wrong versions, by name."""
-
-    def skip_normalized(h: Tensor, f: nn.Module, norm: nn.Module) -> Tensor:  # the bug: norm(h) + f(norm(h))
+    def block(h: Tensor, f: nn.Module, norm: nn.Module, skip_normalized: bool) -> Tensor:
         n = norm(h)
-        return n + f(n)
+        return (n if skip_normalized else h) + f(n)  # the bug: norm(h) + f(norm(h))
 
-    right_1 = x + attention(norm1(x))
-    wrong_1 = skip_normalized(x, attention, norm1)
-    post_1 = norm1(x + attention(x))
-    return {
-        "right": right_1 + ff(norm2(right_1)),
-        "both blocks": skip_normalized(wrong_1, ff, norm2),
-        "feed-forward block": skip_normalized(right_1, ff, norm2),
-        "attention block": wrong_1 + ff(norm2(wrong_1)),
-        "Post-LN": norm2(post_1 + ff(post_1)),
-        "no residual": ff(norm2(attention(norm1(x)))),
-        "norm after": (lambda y: y + norm2(ff(y)))(x + norm1(attention(x))),
-    }
+    h = block(x, attention, norm1, bug in ("both blocks", "attention block"))
+    return block(h, ff, norm2, bug in ("both blocks", "feed-forward block"))
+
+
+_PRE_LN_BUGS = {  # bug -> hint, for _pre_ln(..., bug=bug)
+    "both blocks": "the skip path carries the normalized x: h = norm1(x) followed by h + attention(h) (or "
+    "x = norm1(x); x = x + attention(x)) adds the sublayer's output to norm1(x), so the block forgets the "
+    "residual stream it was given. Keep x and add to it: x = x + attention(norm1(x)), then x + ff(norm2(x)).",
+    "feed-forward block": "the attention block is fixed, the feed-forward block is not: its skip path still carries "
+    "norm2(x). Return x + ff(norm2(x)).",
+    "attention block": "the feed-forward block is fixed, the attention block is not: its skip path still carries "
+    "norm1(x). Use x = x + attention(norm1(x)).",
+    "Post-LN": "this is Post-LN, the paper's order norm(x + sublayer(x)); Pre-LN normalizes the sublayer's input "
+    "only: x + sublayer(norm(x)).",
+    "no residual": "the residual connections are missing: each block adds its sublayer's output to its input x.",
+    "norm after": "the norms are applied to the sublayers' outputs; Pre-LN normalizes their inputs: "
+    "x + sublayer(norm(x)).",
+}
 
 
 @checker
@@ -191,39 +194,12 @@ def check_pre_ln_block(c: Checker, pre_ln_block: Callable[..., Tensor]) -> None:
                 norm.bias.normal_(0.0, 0.3)
         x = torch.randn(B, T, d) * 4 + 1  # far from normalized, so a normalized skip path shows
         with torch.no_grad():
-            v = _pre_ln_variants(x, attention, ff, norm1, norm2)
-        bugs = (
-            Bug(lambda v=v: v["both blocks"], _IN_PLACE_HINT),
-            Bug(
-                lambda v=v: v["feed-forward block"],
-                "the attention block is fixed, the feed-forward block is not: its skip path still carries "
-                "norm2(x). Return x + ff(norm2(x)).",
-            ),
-            Bug(
-                lambda v=v: v["attention block"],
-                "the feed-forward block is fixed, the attention block is not: its skip path still carries "
-                "norm1(x). Use x = x + attention(norm1(x)).",
-            ),
-            Bug(
-                lambda v=v: v["Post-LN"],
-                "this is Post-LN, the paper's order norm(x + sublayer(x)); Pre-LN normalizes the sublayer's input "
-                "only: x + sublayer(norm(x)).",
-            ),
-            Bug(
-                lambda v=v: v["no residual"],
-                "the residual connections are missing: each block adds its sublayer's output to its input x.",
-            ),
-            Bug(
-                lambda v=v: v["norm after"],
-                "the norms are applied to the sublayers' outputs; Pre-LN normalizes their inputs: "
-                "x + sublayer(norm(x)).",
-            ),
-        )
+            expected = _pre_ln(x, attention, ff, norm1, norm2)
         c.case(
             name,
             lambda x, attention, ff, norm1, norm2: pre_ln_block(x, attention, ff, norm1, norm2),
-            v["right"],
-            bugs=bugs,
+            expected,
+            bugs=bug_table(_PRE_LN_BUGS, _pre_ln, x, attention, ff, norm1, norm2),
             hint="x = x + attention(norm1(x)), then return x + ff(norm2(x)): the norm sits on the branch only.",
             atol=1e-4,
             inputs={"x": x, "attention": attention, "ff": ff, "norm1": norm1, "norm2": norm2},
@@ -289,14 +265,43 @@ def check_stream_growth(c: Checker, prediction: float) -> None:
 # ---------------------------------------------------------------- Extend: BatchNorm's running statistics
 
 
-def _batch_stats(x: Tensor, unbiased: bool) -> tuple[Tensor, Tensor]:
-    return x.mean(dim=(0, 1)), x.var(dim=(0, 1), unbiased=unbiased)
+def _running_stats(x: Tensor, mean0: Tensor, var0: Tensor, momentum: float, *, bug: str = "") -> tuple[Tensor, Tensor]:
+    """BatchNorm's running statistics after one training step on ``x``, or with a bug of :data:`_RUNNING_STATS_BUGS`.
+    Shapes: x (B, T, d_model), mean0 and var0 (d_model,) -> (d_model,), (d_model,)."""
+    mean, var = x.mean(dim=(0, 1)), x.var(dim=(0, 1), unbiased=bug != "biased")
+    if bug == "batch stats":
+        return mean, var
+    m = 1 - momentum if bug == "momentum swapped" else momentum
+    return (1 - m) * mean0 + m * mean, (1 - m) * var0 + m * var
 
 
+_RUNNING_STATS_CASES = (  # (name, x's shape (B, T, d_model), statistics from earlier batches, momentum)
+    ("B=4, T=5, d_model=8, fresh statistics (mean 0, variance 1), momentum 0.1", (4, 5, 8), False, 0.1),
+    ("B=2, T=3, d_model=16, statistics from earlier batches, momentum 0.3", (2, 3, 16), True, 0.3),
+    ("a single sequence, B=1, T=6, d_model=4, momentum 0.1", (1, 6, 4), True, 0.1),
+)
+_RUNNING_STATS_BUGS = {  # bug -> hint, for _running_stats(..., bug=bug)
+    "biased": "running_var keeps the UNBIASED variance of the batch (dividing by n - 1, n = B·T values per "
+    "feature), although BatchNorm normalizes the batch itself with the biased one: x.var(dim=(0, 1)).",
+    "momentum swapped": "BatchNorm's momentum is the weight of the NEW batch, the opposite of an optimizer's "
+    "momentum: new = (1 - momentum) * running + momentum * batch.",
+    "batch stats": "these are the batch's own statistics: the running ones only move towards them, "
+    "new = (1 - momentum) * running + momentum * batch.",
+}
 _PER_FEATURE_HINT = (
     "the running statistics hold one number per feature, shape (d_model,): BatchNorm averages each feature over "
     "the batch AND the positions, x.mean(dim=(0, 1)), not over the features (LayerNorm's axis) nor over B alone."
 )
+
+
+def _batch_norm_stats(x: Tensor, mean0: Tensor, var0: Tensor, momentum: float) -> tuple[Tensor, Tensor]:
+    """The running statistics of an ``nn.BatchNorm1d`` that starts from ``mean0``, ``var0`` after a step on ``x``."""
+    bn = nn.BatchNorm1d(x.shape[-1], momentum=momentum)
+    with torch.no_grad():
+        bn.running_mean.copy_(mean0)
+        bn.running_var.copy_(var0)
+        bn.train()(x.transpose(1, 2))  # (B, d_model, T): BatchNorm1d's layout
+    return bn.running_mean.clone(), bn.running_var.clone()
 
 
 @checker
@@ -307,53 +312,18 @@ def check_running_stats(c: Checker, update_running_stats: Callable[..., tuple[Te
     Shapes: x (B, T, d_model), running_mean and running_var (d_model,) -> (d_model,), (d_model,).
     """
     g = torch.Generator().manual_seed(11)
-    cases = (
-        ("B=4, T=5, d_model=8, fresh statistics (mean 0, variance 1), momentum 0.1", (4, 5, 8), False, 0.1),
-        ("B=2, T=3, d_model=16, statistics from earlier batches, momentum 0.3", (2, 3, 16), True, 0.3),
-        ("a single sequence, B=1, T=6, d_model=4, momentum 0.1", (1, 6, 4), True, 0.1),
-    )
-    for name, shape, earlier, momentum in cases:
+    for name, shape, earlier, momentum in _RUNNING_STATS_CASES:
         d = shape[-1]
         x = torch.randn(*shape, generator=g) * 2 + 1
         if earlier:
             mean0, var0 = torch.randn(d, generator=g), torch.rand(d, generator=g) + 0.5
         else:
             mean0, var0 = torch.zeros(d), torch.ones(d)
-        bn = nn.BatchNorm1d(d, momentum=momentum)
-        with torch.no_grad():
-            bn.running_mean.copy_(mean0)
-            bn.running_var.copy_(var0)
-            bn.train()(x.transpose(1, 2))  # (B, d_model, T): BatchNorm1d's layout
-        expected = (bn.running_mean.clone(), bn.running_var.clone())
-
-        def ema(stats, m=momentum, mean0=mean0, var0=var0):
-            return (1 - m) * mean0 + m * stats[0], (1 - m) * var0 + m * stats[1]
-
-        bugs = (
-            Bug(
-                lambda x=x, ema=ema: ema(_batch_stats(x, unbiased=False)),
-                "running_var keeps the UNBIASED variance of the batch (dividing by n - 1, n = B·T values per "
-                "feature), although BatchNorm normalizes the batch itself with the biased one: x.var(dim=(0, 1)).",
-            ),
-            Bug(
-                lambda x=x, m=momentum, mean0=mean0, var0=var0: (
-                    m * mean0 + (1 - m) * x.mean(dim=(0, 1)),
-                    m * var0 + (1 - m) * x.var(dim=(0, 1)),
-                ),
-                "BatchNorm's momentum is the weight of the NEW batch, the opposite of an optimizer's momentum: "
-                "new = (1 - momentum) * running + momentum * batch.",
-            ),
-            Bug(
-                lambda x=x: _batch_stats(x, unbiased=True),
-                "these are the batch's own statistics: the running ones only move towards them, "
-                "new = (1 - momentum) * running + momentum * batch.",
-            ),
-        )
         c.case(
             name,
             lambda x, running_mean, running_var, momentum: update_running_stats(x, running_mean, running_var, momentum),
-            expected,
-            bugs=bugs,
+            _batch_norm_stats(x, mean0, var0, momentum),
+            bugs=bug_table(_RUNNING_STATS_BUGS, _running_stats, x, mean0, var0, momentum),
             hint="one statistic per feature, over B and T: new_mean = (1 - momentum) * running_mean + momentum * "
             "x.mean(dim=(0, 1)), and the same for the variance with the unbiased x.var(dim=(0, 1)).",
             error_hint=lambda e: _PER_FEATURE_HINT if "size" in str(e) or "shape" in str(e) else "",

@@ -13,7 +13,7 @@ from torch import Tensor
 
 from ...models import Seq2SeqTransformer
 from ...tasks import ALPHABETS, BOS, EOS, PAD, Seq2SeqTokenizer, seq2seq_loss
-from ._framework import Bug, Checker, checker
+from ._framework import Bug, Checker, bug_table, checker
 
 __all__ = ["check_teacher_forcing_loss", "check_smoothed_loss", "check_beam_step"]
 
@@ -28,13 +28,46 @@ _SOURCE_FED_HINT = (
 )
 
 
-def _loss(logits: Tensor, labels: Tensor, ignore_pad: bool = True) -> Tensor:
-    return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=PAD if ignore_pad else -100)
+def _wrong_loss(model: Seq2SeqTransformer, src: Tensor, tgt: Tensor, *, bug: str) -> Tensor:
+    """The teacher-forced loss with one of the mistakes of :data:`_TEACHER_FORCING_BUGS`."""
+    labels = tgt[:, 1:]
+    if bug == "source fed":  # its output cut to the labels' length "so that the shapes fit"
+        logits = model.decode(src, model.encode(src), src)[:, : labels.shape[1]]
+    else:
+        decoder_input, labels = {
+            "no shift": (tgt, tgt),
+            "wrong way": (tgt[:, 1:], tgt[:, :-1]),
+            "labels = input": (tgt[:, :-1], tgt[:, :-1]),
+            "padding counted": (tgt[:, :-1], tgt[:, 1:]),
+        }[bug]
+        logits = model(src, decoder_input)
+    ignore_index = -100 if bug == "padding counted" else PAD
+    return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=ignore_index)
 
 
-def _source_fed(model: Seq2SeqTransformer, src: Tensor, tgt: Tensor) -> Tensor:
-    T = tgt.shape[1] - 1
-    return _loss(model.decode(src, model.encode(src), src)[:, :T], tgt[:, 1:])
+_TEACHER_FORCING_BUGS = {  # bug -> hint, for _wrong_loss(..., bug=bug)
+    "source fed": _SOURCE_FED_HINT,
+    "no shift": "no shift: the decoder reads the very token it has to predict and learns to copy it. Feed "
+    "tgt[:, :-1] and predict tgt[:, 1:].",
+    "wrong way": "shifted the wrong way: the decoder's input starts with <bos> (tgt[:, :-1]) and the labels are "
+    "the same sequence one step ahead (tgt[:, 1:]).",
+    "labels = input": "the labels equal the decoder's input: position t must predict the NEXT token, tgt[:, 1:].",
+    "padding counted": "the padding labels count in the loss: pass ignore_index=PAD to the cross-entropy.",
+}
+_TEACHER_FORCING_CASES = (  # (name, src (B, S), tgt (B, T + 1))
+    (
+        "sources longer than their targets (as in the dates task), padded",
+        [[5, 6, 7, 8, 9, 10, 11, 3, 4], [4, 4, 9, 3, 5, 0, 0, 0, 0], [7, 8, 9, 10, 0, 0, 0, 0, 0]],
+        [[BOS, 3, 4, 5, EOS], [BOS, 6, 7, 8, EOS], [BOS, 9, 10, 11, EOS]],
+    ),
+    (
+        "targets of different lengths: their padding must not count in the loss",
+        [[5, 6, 7, 8, 9, 10, 11, 3], [4, 4, 9, 3, 5, 6, 7, 0]],
+        [[BOS, 3, 4, 5, 6, 7, EOS], [BOS, 8, EOS, PAD, PAD, PAD, PAD]],
+    ),
+    ("targets longer than their sources", [[5, 6, 7, 8], [9, 10, 0, 0]],
+     [[BOS, 3, 4, 5, 6, 7, 8, EOS], [BOS, 9, 10, 11, 3, 4, 5, EOS]]),
+)  # fmt: skip
 
 
 def _teacher_forcing_error_hint(e: Exception) -> str:
@@ -59,52 +92,15 @@ def check_teacher_forcing_loss(c: Checker, teacher_forcing_loss: Callable[..., T
     V = 12
     model = Seq2SeqTransformer(V, V, d_model=16, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=32,
                                dropout=0.0, max_len=32).eval()  # fmt: skip
-    cases = (
-        (
-            "sources longer than their targets (as in the dates task), padded",
-            torch.tensor([[5, 6, 7, 8, 9, 10, 11, 3, 4], [4, 4, 9, 3, 5, 0, 0, 0, 0], [7, 8, 9, 10, 0, 0, 0, 0, 0]]),
-            torch.tensor([[BOS, 3, 4, 5, EOS], [BOS, 6, 7, 8, EOS], [BOS, 9, 10, 11, EOS]]),
-        ),
-        (
-            "targets of different lengths: their padding must not count in the loss",
-            torch.tensor([[5, 6, 7, 8, 9, 10, 11, 3], [4, 4, 9, 3, 5, 6, 7, 0]]),
-            torch.tensor([[BOS, 3, 4, 5, 6, 7, EOS], [BOS, 8, EOS, PAD, PAD, PAD, PAD]]),
-        ),
-        (
-            "targets longer than their sources",
-            torch.tensor([[5, 6, 7, 8], [9, 10, 0, 0]]),
-            torch.tensor([[BOS, 3, 4, 5, 6, 7, 8, EOS], [BOS, 9, 10, 11, 3, 4, 5, EOS]]),
-        ),
-    )
-    for name, src, tgt in cases:
+    for name, src, tgt in _TEACHER_FORCING_CASES:
+        src, tgt = torch.tensor(src), torch.tensor(tgt)
         with torch.no_grad():
             expected = seq2seq_loss(model, (src, tgt))
-            bugs = (
-                Bug(lambda src=src, tgt=tgt: _source_fed(model, src, tgt), _SOURCE_FED_HINT),
-                Bug(
-                    lambda src=src, tgt=tgt: _loss(model(src, tgt), tgt),
-                    "no shift: the decoder reads the very token it has to predict and learns to copy it. Feed "
-                    "tgt[:, :-1] and predict tgt[:, 1:].",
-                ),
-                Bug(
-                    lambda src=src, tgt=tgt: _loss(model(src, tgt[:, 1:]), tgt[:, :-1]),
-                    "shifted the wrong way: the decoder's input starts with <bos> (tgt[:, :-1]) and the labels are "
-                    "the same sequence one step ahead (tgt[:, 1:]).",
-                ),
-                Bug(
-                    lambda src=src, tgt=tgt: _loss(model(src, tgt[:, :-1]), tgt[:, :-1]),
-                    "the labels equal the decoder's input: position t must predict the NEXT token, tgt[:, 1:].",
-                ),
-                Bug(
-                    lambda src=src, tgt=tgt: _loss(model(src, tgt[:, :-1]), tgt[:, 1:], ignore_pad=False),
-                    "the padding labels count in the loss: pass ignore_index=PAD to the cross-entropy.",
-                ),
-            )
         c.case(
             name,
             lambda model, src, tgt: teacher_forcing_loss(model, src, tgt),
             expected,
-            bugs=bugs,
+            bugs=bug_table(_TEACHER_FORCING_BUGS, _wrong_loss, model, src, tgt),
             hint="encode the source once, decode the target shifted right, tgt[:, :-1], and compare the logits "
             "with tgt[:, 1:], ignoring padding: F.cross_entropy(logits.flatten(0, 1), tgt[:, 1:].flatten(), "
             "ignore_index=PAD).",
@@ -172,15 +168,34 @@ def check_smoothed_loss(c: Checker, prediction: float) -> None:
 # ---------------------------------------------------------------- Extend: one beam-search step for a batch
 
 
-def _beam_step(scores: Tensor, logp: Tensor, k: int, offset_per_example: int | None = None, swap: bool = False):
-    """The right step, or with the row offset of another beam count, or with beam and token swapped."""
+def _beam_step(scores: Tensor, logp: Tensor, k: int, *, bug: str = "") -> tuple[Tensor, Tensor, Tensor]:
+    """One beam-search step for a batch, or with a classic bug: "no scores" ranks by the new token's
+    log-probability alone, "no offset" numbers the rows j instead of b n + j, "offset k" b k + j, and "swapped"
+    swaps beam and token. Shapes: scores (B, n), logp (B n, V) -> three (B, k)."""
     B, n = scores.shape
     V = logp.shape[-1]
+    scores = torch.zeros_like(scores) if bug == "no scores" else scores
     total = (scores[:, :, None] + logp.view(B, n, V)).view(B, n * V)  # every (beam, token) of an example
     new_scores, flat = total.topk(k, dim=-1)  # (B, k), best first
-    beam, token = (flat % V, flat // V) if swap else (flat // V, flat % V)
-    step = n if offset_per_example is None else offset_per_example
-    return new_scores, torch.arange(B)[:, None] * step + beam, token
+    beam, token = (flat % V, flat // V) if bug == "swapped" else (flat // V, flat % V)
+    rows_per_example = {"no offset": 0, "offset k": k}.get(bug, n)
+    return new_scores, torch.arange(B)[:, None] * rows_per_example + beam, token
+
+
+_BEAM_CASES = (  # (name, B, n beams, k new beams, V, the beams' scores: "zero", "random" or "dead" but the first)
+    ("the first step: one beam per example (n=1), B=2, k=3, V=7", 2, 1, 3, 7, "zero"),
+    ("a later step: n=3 beams with their scores, B=2, k=3, V=7", 2, 3, 3, 7, "random"),
+    ("the library's first step: k=3 beams, only the first alive (the others -inf), B=2", 2, 3, 3, 7, "dead"),
+    ("B=3 examples, n=2 beams, k=4 new beams, V=9", 3, 2, 4, 9, "random"),
+)
+_BEAM_BUGS = {  # bug -> hint, for _beam_step(..., bug=bug)
+    "no scores": "you ranked the extensions by the new token's log-probability alone: a beam's score is the sum "
+    "over its whole prefix, scores[b, j] + logp[row, token].",
+    "no offset": "rows index the B n rows of logp (and of the caches, reordered with index_select): beam j of "
+    "example b is row b * n + j, not j.",
+    "swapped": "beam and token are swapped: in the row of n * V candidates of an example, entry f is beam f // V "
+    "and token f % V.",
+}
 
 
 @checker
@@ -193,13 +208,7 @@ def check_beam_step(c: Checker, beam_step: Callable[..., tuple[Tensor, Tensor, T
     ``new_scores`` (B, k), ``rows`` (B, k) the row of ``logp`` each one extends, ``tokens`` (B, k) its token.
     """
     g = torch.Generator().manual_seed(8)
-    cases = (
-        ("the first step: one beam per example (n=1), B=2, k=3, V=7", 2, 1, 3, 7, "zero"),
-        ("a later step: n=3 beams with their scores, B=2, k=3, V=7", 2, 3, 3, 7, "random"),
-        ("the library's first step: k=3 beams, only the first alive (the others -inf), B=2", 2, 3, 3, 7, "dead"),
-        ("B=3 examples, n=2 beams, k=4 new beams, V=9", 3, 2, 4, 9, "random"),
-    )
-    for name, B, n, k, V, kind in cases:
+    for name, B, n, k, V, kind in _BEAM_CASES:
         logp = torch.randn(B * n, V, generator=g).mul(2).log_softmax(-1)
         if kind == "zero":
             scores = torch.zeros(B, n)
@@ -208,37 +217,15 @@ def check_beam_step(c: Checker, beam_step: Callable[..., tuple[Tensor, Tensor, T
             scores[:, 0] = 0.0
         else:
             scores = -torch.rand(B, n, generator=g).mul(3).sort(dim=-1).values  # best beam first
-        expected = _beam_step(scores, logp, k)
-        bugs = [
-            Bug(
-                lambda scores=scores, logp=logp, k=k: _beam_step(torch.zeros_like(scores), logp, k),
-                "you ranked the extensions by the new token's log-probability alone: a beam's score is the sum "
-                "over its whole prefix, scores[b, j] + logp[row, token].",
-            ),
-            Bug(
-                lambda scores=scores, logp=logp, k=k: _beam_step(scores, logp, k, offset_per_example=0),
-                "rows index the B n rows of logp (and of the caches, reordered with index_select): beam j of "
-                "example b is row b * n + j, not j.",
-            ),
-            Bug(
-                lambda scores=scores, logp=logp, k=k: _beam_step(scores, logp, k, swap=True),
-                "beam and token are swapped: in the row of n * V candidates of an example, entry f is beam f // V "
-                "and token f % V.",
-            ),
-        ]
-        if n != k:
-            bugs.append(
-                Bug(
-                    lambda scores=scores, logp=logp, k=k: _beam_step(scores, logp, k, offset_per_example=k),
-                    f"example b's beams are the rows b * n ... of logp, with n = {n} beams per example at this step "
-                    f"(scores.shape[1]), not k = {k}.",
-                )
-            )
+        offset_k = (
+            f"example b's beams are the rows b * n ... of logp, with n = {n} beams per example at this step "
+            f"(scores.shape[1]), not k = {k}."
+        )
         c.case(
             name,
             lambda scores, logp, k: beam_step(scores, logp, k),
-            expected,
-            bugs=tuple(bugs),
+            _beam_step(scores, logp, k),
+            bugs=bug_table({**_BEAM_BUGS, "offset k": offset_k}, _beam_step, scores, logp, k),
             hint="add each beam's score to its row of logp, view the result as (B, n * V), take topk(k) per example; "
             "entry f is beam f // V and token f % V, and beam j of example b is row b * n + j.",
             inputs={"scores": scores, "logp": logp, "k": k},

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter
 from collections.abc import Callable
@@ -16,7 +17,7 @@ from torch import Tensor
 
 from ...attention import KVCache, MultiHeadAttention
 from ...masks import causal_mask
-from ._framework import Bug, Checker, checker
+from ._framework import Bug, Checker, bug_table, checker
 
 __all__ = ["check_encode_word", "check_swiglu_hidden", "check_kv_cache_bytes", "check_gqa_step"]
 
@@ -24,16 +25,16 @@ __all__ = ["check_encode_word", "check_swiglu_hidden", "check_kv_cache_bytes", "
 # --------------------------------------------------------------------------- BPE: encoding with learned merges
 
 
-def _encode_word(word: str, merges: list[tuple[str, str]], *, rule: str = "rank") -> list[str]:
+def _encode_word(word: str, merges: list[tuple[str, str]], *, bug: str = "") -> list[str]:
     """Split ``word`` into symbols and apply the merges, lowest rank first; or in one of three wrong ways.
 
-    ``rule="count"`` merges the pair most frequent in the word (ties: the first seen), the rule of training;
+    ``bug="count"`` merges the pair most frequent in the word (ties: the first seen), the rule of training;
     ``"leftmost"`` the leftmost pair that has any merge; ``"once"`` applies each merge in turn, to its first
     occurrence only.
     """
     rank = {pair: r for r, pair in enumerate(merges)}
     symbols = list(word)
-    if rule == "once":
+    if bug == "once":
         for pair in merges:
             for i in range(len(symbols) - 1):
                 if (symbols[i], symbols[i + 1]) == pair:
@@ -44,11 +45,11 @@ def _encode_word(word: str, merges: list[tuple[str, str]], *, rule: str = "rank"
         known = [p for p in zip(symbols, symbols[1:], strict=False) if p in rank]
         if not known:
             break
-        if rule == "count":
+        if bug == "count":
             counts = Counter(known)
             best = max(counts, key=counts.__getitem__)
         else:
-            best = min(known, key=rank.__getitem__) if rule == "rank" else known[0]
+            best = known[0] if bug == "leftmost" else min(known, key=rank.__getitem__)
         merged, i = [], 0
         while i < len(symbols):
             if i + 1 < len(symbols) and (symbols[i], symbols[i + 1]) == best:
@@ -64,6 +65,38 @@ def _encode_word(word: str, merges: list[tuple[str, str]], *, rule: str = "rank"
 _MERGES = [("h", "e"), ("t", "h"), ("Ġ", "t"), ("Ġt", "he"), ("l", "l"), ("i", "n"), ("in", "g"), ("e", "r"),
            ("Ġ", "s"), ("ll", "ll"), ("e", "e"), ("Ġs", "ee"), ("a", "n"), ("n", "a"), ("b", "an")]  # fmt: skip
 
+_ENCODE_CASES = (  # (name, word)
+    ("'the': 'h'+'e' was learned before 't'+'h'", "the"),
+    ("'Ġthe': merged symbols merge again", "Ġthe"),
+    ("'thethe': a pair that occurs twice", "thethe"),
+    ("'heeer': the most frequent pair, 'e'+'e', was learned late", "heeer"),
+    ("'banana': 'a'+'n' was learned before 'n'+'a'", "banana"),
+    ("'llll': every occurrence of a pair merges", "llll"),
+    ("'Ġseeing'", "Ġseeing"),
+    ("'Ġsinger'", "Ġsinger"),
+    ("'xyz': no merge applies", "xyz"),
+    ("'a': a single symbol", "a"),
+)
+_ENCODE_BUGS = {  # bug -> hint, for _encode_word(..., bug=bug)
+    "count": "you merge the pair that is most frequent in the word: that is the rule of *training*. Encoding replays "
+    "the learned merges in the order they were learned: among the word's adjacent pairs that have a merge, "
+    "take the one that comes earliest in merges.",
+    "leftmost": "merge the pair with the lowest rank (learned first) among the word's adjacent pairs, not the leftmost "
+    "pair that has a merge.",
+    "once": "a merge applies to every occurrence of its pair, and a merged symbol can merge again: repeat "
+    "until no adjacent pair has a merge.",
+}
+_COUNT_OR_LEFTMOST_BUGS = {  # for the words on which the two wrong rules agree
+    "leftmost": "you merge the leftmost pair that has a merge, or the most frequent one (on this word they "
+    "coincide): the rule is the order the merges were learned. Among the word's adjacent pairs "
+    "that have a merge, take the one that comes earliest in merges.",
+    "once": _ENCODE_BUGS["once"],
+}
+_ENCODE_HINT = (
+    "symbols = list(word); repeat: among the adjacent pairs that appear in merges, take the one with "
+    "the smallest index in merges, join all its occurrences left to right; stop when none is left."
+)
+
 
 @checker
 def check_encode_word(c: Checker, encode_word: Callable[[str, list[tuple[str, str]]], list[str]]) -> None:
@@ -72,56 +105,16 @@ def check_encode_word(c: Checker, encode_word: Callable[[str, list[tuple[str, st
     Shapes: word str (byte-level spelling), merges a list of pairs in the order they were learned -> list of
     token strings.
     """
-    cases = (
-        ("'the': 'h'+'e' was learned before 't'+'h'", "the"),
-        ("'Ġthe': merged symbols merge again", "Ġthe"),
-        ("'thethe': a pair that occurs twice", "thethe"),
-        ("'heeer': the most frequent pair, 'e'+'e', was learned late", "heeer"),
-        ("'banana': 'a'+'n' was learned before 'n'+'a'", "banana"),
-        ("'llll': every occurrence of a pair merges", "llll"),
-        ("'Ġseeing'", "Ġseeing"),
-        ("'Ġsinger'", "Ġsinger"),
-        ("'xyz': no merge applies", "xyz"),
-        ("'a': a single symbol", "a"),
-    )
-    by_count = (
-        "you merge the pair that is most frequent in the word: that is the rule of *training*. Encoding replays "
-        "the learned merges in the order they were learned: among the word's adjacent pairs that have a merge, "
-        "take the one that comes earliest in merges."
-    )
-    leftmost = (
-        "merge the pair with the lowest rank (learned first) among the word's adjacent pairs, not the leftmost "
-        "pair that has a merge."
-    )
-    for name, word in cases:
-        counted, left = _encode_word(word, _MERGES, rule="count"), _encode_word(word, _MERGES, rule="leftmost")
-        order_bugs = (
-            (Bug(lambda w=word: _encode_word(w, _MERGES, rule="count"), by_count),)
-            + (Bug(lambda w=word: _encode_word(w, _MERGES, rule="leftmost"), leftmost),)
-            if counted != left
-            else (  # on this word the two wrong rules agree: name both
-                Bug(
-                    lambda w=word: _encode_word(w, _MERGES, rule="leftmost"),
-                    "you merge the leftmost pair that has a merge, or the most frequent one (on this word they "
-                    "coincide): the rule is the order the merges were learned. Among the word's adjacent pairs "
-                    "that have a merge, take the one that comes earliest in merges.",
-                ),
-            )
-        )
+    for name, word in _ENCODE_CASES:
+        rows = _ENCODE_BUGS
+        if _encode_word(word, _MERGES, bug="count") == _encode_word(word, _MERGES, bug="leftmost"):
+            rows = _COUNT_OR_LEFTMOST_BUGS
         c.case(
             name,
             lambda word, merges: encode_word(word, merges),
             _encode_word(word, _MERGES),
-            bugs=(
-                *order_bugs,
-                Bug(
-                    lambda w=word: _encode_word(w, _MERGES, rule="once"),
-                    "a merge applies to every occurrence of its pair, and a merged symbol can merge again: repeat "
-                    "until no adjacent pair has a merge.",
-                ),
-            ),
-            hint="symbols = list(word); repeat: among the adjacent pairs that appear in merges, take the one with "
-            "the smallest index in merges, join all its occurrences left to right; stop when none is left.",
+            bugs=bug_table(rows, _encode_word, word, _MERGES),
+            hint=_ENCODE_HINT,
             inputs={"word": word, "merges": list(_MERGES)},
         )
 
@@ -129,45 +122,42 @@ def check_encode_word(c: Checker, encode_word: Callable[[str, list[tuple[str, st
 # --------------------------------------------------------------------------- SwiGLU's width
 
 
-def _swiglu_hidden(d_model: int, multiple_of: int) -> int:
-    """LLaMA's SwiGLU width: 2/3 of 4 d_model (rounded down), then up to a multiple of ``multiple_of``."""
-    hidden = int(2 * 4 * d_model / 3)
-    return multiple_of * math.ceil(hidden / multiple_of)
+def _swiglu_hidden(d_model: int, multiple_of: int, *, bug: str = "") -> int:
+    """LLaMA's SwiGLU width: 2/3 of 4 d_model (rounded down), then up to a multiple of ``multiple_of``; or a bug:
+    "no rounding" to the multiple, "rounded down" to it, "4 d_model" (the GELU network's width)."""
+    hidden = 4 * d_model if bug == "4 d_model" else int(2 * 4 * d_model / 3)
+    if bug in ("no rounding", "4 d_model"):
+        return hidden
+    return multiple_of * (math.floor if bug == "rounded down" else math.ceil)(hidden / multiple_of)
+
+
+_SWIGLU_CASES = (  # (name, d_model, multiple_of)
+    ("d_model 4096, multiple_of 256 (LLaMA 7B)", 4096, 256),
+    ("d_model 5120, multiple_of 256 (LLaMA 13B)", 5120, 256),
+    ("d_model 6656, multiple_of 256 (LLaMA 33B)", 6656, 256),
+    ("d_model 8192, multiple_of 256 (LLaMA 65B)", 8192, 256),
+    ("d_model 128, multiple_of 1: no rounding", 128, 1),
+    ("d_model 96, multiple_of 32", 96, 32),
+)
+_SWIGLU_BUGS = {  # bug -> hint, for _swiglu_hidden(..., bug=bug)
+    "no rounding": "round the width up to a multiple of multiple_of (fast matrix shapes): "
+    "multiple_of * ceil(hidden / multiple_of).",
+    "rounded down": "round up (ceil), not down or to the nearest: rounding down would leave fewer parameters "
+    "than the 4 d_model GELU network.",
+    "4 d_model": "4 d_model is the GELU network's width; SwiGLU has three matrices instead of two, so it "
+    "takes 2/3 of that to keep the parameter count.",
+}
 
 
 @checker
 def check_swiglu_hidden(c: Checker, swiglu_hidden: Callable[[int, int], int]) -> None:
     """Check ``swiglu_hidden(d_model, multiple_of)``: the hidden width of LLaMA's SwiGLU feed-forward network."""
-    cases = (
-        ("d_model 4096, multiple_of 256 (LLaMA 7B)", 4096, 256),
-        ("d_model 5120, multiple_of 256 (LLaMA 13B)", 5120, 256),
-        ("d_model 6656, multiple_of 256 (LLaMA 33B)", 6656, 256),
-        ("d_model 8192, multiple_of 256 (LLaMA 65B)", 8192, 256),
-        ("d_model 128, multiple_of 1: no rounding", 128, 1),
-        ("d_model 96, multiple_of 32", 96, 32),
-    )
-    for name, d_model, multiple_of in cases:
+    for name, d_model, multiple_of in _SWIGLU_CASES:
         c.case(
             name,
             lambda d_model, multiple_of: swiglu_hidden(d_model, multiple_of),
             _swiglu_hidden(d_model, multiple_of),
-            bugs=(
-                Bug(
-                    lambda d=d_model: int(8 * d / 3),
-                    "round the width up to a multiple of multiple_of (fast matrix shapes): "
-                    "multiple_of * ceil(hidden / multiple_of).",
-                ),
-                Bug(
-                    lambda d=d_model, m=multiple_of: m * (int(8 * d / 3) // m),
-                    "round up (ceil), not down or to the nearest: rounding down would leave fewer parameters "
-                    "than the 4 d_model GELU network.",
-                ),
-                Bug(
-                    lambda d=d_model: 4 * d,
-                    "4 d_model is the GELU network's width; SwiGLU has three matrices instead of two, so it "
-                    "takes 2/3 of that to keep the parameter count.",
-                ),
-            ),
+            bugs=bug_table(_SWIGLU_BUGS, _swiglu_hidden, d_model, multiple_of),
             hint="three matrices of d_model x hidden hold as many parameters as two of d_model x 4 d_model when "
             "hidden = 2/3 * 4 d_model; LLaMA takes int() of that, then rounds up to a multiple of multiple_of.",
             inputs={"d_model": d_model, "multiple_of": multiple_of},
@@ -235,43 +225,61 @@ def check_kv_cache_bytes(c: Checker, prediction: float) -> None:
 
 
 def _gqa_step(
-    attn: MultiHeadAttention,
-    x: Tensor,
-    cache: tuple[Tensor, Tensor] | None,
-    *,
-    expand: str = "interleave",
-    mask: str = "bottom_right",
-    keep: bool = True,
-    cache_expanded: bool = False,
+    attn: MultiHeadAttention, x: Tensor, cache: tuple[Tensor, Tensor] | None, *, bug: str = ""
 ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-    """One step of cached grouped-query self-attention, or one of its classic bugs.
-
-    ``expand="repeat"`` pairs query head h with key/value head ``h % n_kv_heads``; ``mask="top_left"`` uses
-    ``is_causal=True`` with more keys than queries, ``mask="none"`` no mask; ``keep=False`` drops the cached keys;
-    ``cache_expanded=True`` caches the keys and values after repeating them.
+    """One step of cached grouped-query self-attention, or with one of the classic bugs of :data:`_GQA_BUGS`.
 
     Shapes: x (B, T_new, d_model), cache (k, v) (B, n_kv_heads, T_past, d_head) -> out (B, T_new, d_model), cache.
     """
     n_rep = attn.n_heads // attn.n_kv_heads
-    T_new = x.shape[1]
+    T_new, tiled, cache_repeated = x.shape[1], bug in ("tiled", "cache tiled"), bug.startswith("cache ")
 
-    def expanded(t: Tensor) -> Tensor:
-        return t.repeat(1, n_rep, 1, 1) if expand == "repeat" else t.repeat_interleave(n_rep, dim=1)
+    def expanded(t: Tensor) -> Tensor:  # query head h reads key/value head h // n_rep (h % n_kv_heads if tiled)
+        return t.repeat(1, n_rep, 1, 1) if tiled else t.repeat_interleave(n_rep, dim=1)
 
     q = attn.split_heads(attn.q_proj(x))  # (B, n_heads, T_new, d_head)
     k, v = attn.split_heads(attn.k_proj(x)), attn.split_heads(attn.v_proj(x))  # (B, n_kv_heads, T_new, d_head)
-    if cache_expanded:
+    if cache_repeated:
         k, v = expanded(k), expanded(v)
-    if keep and cache is not None:
+    if cache is not None and bug != "no cache":
         k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)
-    k_all, v_all = (k, v) if cache_expanded else (expanded(k), expanded(v))  # (B, n_heads, T_k, d_head)
-    if mask == "top_left":
-        out = F.scaled_dot_product_attention(q, k_all, v_all, is_causal=True)
-    elif mask == "none":
-        out = F.scaled_dot_product_attention(q, k_all, v_all)
-    else:
-        out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=causal_mask(T_new, k.shape[2]))
+    k_all, v_all = (k, v) if cache_repeated else (expanded(k), expanded(v))  # (B, n_heads, T_k, d_head)
+    mask = None if bug in ("top left", "no mask") else causal_mask(T_new, k.shape[2])  # aligned bottom right
+    out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, is_causal=bug == "top left")
     return attn.out_proj(attn.merge_heads(out)), (k, v)
+
+
+_GQA_BUGS = {  # bug -> hint, for the outputs of _gqa_step(..., bug=bug)
+    "tiled": "query head h shares key/value head h // (n_heads // n_kv_heads): heads 0 and 1 read key/value "
+    "head 0. k.repeat(1, n_rep, 1, 1) (or expand + reshape in the wrong order) pairs head h with "
+    "h % n_kv_heads; use k.repeat_interleave(n_rep, dim=1).",
+    "top left": "with fewer new queries than keys, is_causal=True aligns the triangle to the top left and the "
+    "new tokens see only the first keys. Use causal_mask(T_new, T_past + T_new), aligned to the "
+    "bottom right.",
+    "no mask": "one new token may see every key, but a prompt of several tokens needs the causal mask: "
+    "without it, its early tokens see the later ones. Use causal_mask(T_new, T_past + T_new).",
+    "no cache": "the new tokens attend only to themselves: concatenate the cached keys and values in front of "
+    "the new ones (torch.cat([k_past, k_new], dim=2)) before attending.",
+}
+_GQA_HINT = (
+    "project q (n_heads heads) and k, v (n_kv_heads heads) with attn.split_heads; append k and v to "
+    "the cache; repeat_interleave them n_heads // n_kv_heads times along the heads for the attention; "
+    "causal_mask(T_new, T_past + T_new); merge the heads and apply attn.out_proj."
+)
+_GQA_CACHE_HINT = (
+    "return the cache as (k, v), each of shape (B, n_kv_heads, T_past + T_new, d_head): every key and "
+    "value so far, in order, before any repeat."
+)
+
+
+def _cache_bugs(n_heads: int, n_kv_heads: int) -> dict[str, str]:
+    """The bugs of the cache: the keys and values cached after being repeated, either way."""
+    hint = (
+        f"the cache must hold the {n_kv_heads} key/value head{'s' * (n_kv_heads > 1)}, not the "
+        f"{n_heads} repeated ones: that is what grouped-query attention saves ({n_heads // n_kv_heads} times less "
+        "memory). Append k and v to the cache first, and repeat them only for the attention."
+    )
+    return {"cache repeated": hint, "cache tiled": hint}
 
 
 def _feed(step: Callable[..., Any], attn: MultiHeadAttention, x: Tensor, chunks: tuple[int, ...]) -> tuple[Tensor, Any]:
@@ -290,9 +298,9 @@ def _feed(step: Callable[..., Any], attn: MultiHeadAttention, x: Tensor, chunks:
     return torch.cat(outs, dim=1), tuple(cache)
 
 
-def _buggy(attn: MultiHeadAttention, x: Tensor, chunks: tuple[int, ...], part: int, **kind: Any) -> Callable[[], Any]:
-    """What a buggy ``gqa_step`` (see :func:`_gqa_step`) gives: its outputs (``part=0``) or its last cache (1)."""
-    return lambda: _feed(lambda a, xs, cache: _gqa_step(a, xs, cache, **kind), attn, x, chunks)[part]
+def _fed_with_bug(attn: MultiHeadAttention, x: Tensor, chunks: tuple[int, ...], part: int, *, bug: str) -> Any:
+    """What :func:`_gqa_step` with ``bug`` gives fed ``x`` in ``chunks``: the outputs (``part=0``) or the cache (1)."""
+    return _feed(functools.partial(_gqa_step, bug=bug), attn, x, chunks)[part]
 
 
 def _library_gqa(attn: MultiHeadAttention, x: Tensor, chunks: tuple[int, ...]) -> tuple[Tensor, tuple[Tensor, Tensor]]:
@@ -302,6 +310,14 @@ def _library_gqa(attn: MultiHeadAttention, x: Tensor, chunks: tuple[int, ...]) -
         attn(x[:, start : start + size], cache=cache, is_causal=True)
         start += size
     return attn(x, is_causal=True), (cache.k, cache.v)
+
+
+_GQA_CASES = (  # (name, n_heads, n_kv_heads, d_model, chunks: the prompt's length, then each step's)
+    ("4 query heads, 2 key/value heads: a prompt of 5, then 3 tokens one at a time", 4, 2, 32, (5, 1, 1, 1)),
+    ("6 query heads, 3 key/value heads: a prompt of 4, then 2 tokens at once, then 1", 6, 3, 48, (4, 2, 1)),
+    ("8 query heads, 1 key/value head (multi-query): a prompt of 3, then 2 single tokens", 8, 1, 32, (3, 1, 1)),
+    ("4 query heads, 4 key/value heads (plain multi-head): a prompt of 2, then 2 single tokens", 4, 4, 16, (2, 1, 1)),
+)
 
 
 @checker
@@ -317,74 +333,27 @@ def check_gqa_step(c: Checker, gqa_step: Callable[..., tuple[Tensor, tuple[Tenso
     Shapes: x (B, T_new, d_model), cache None or (k, v) each (B, n_kv_heads, T_past, d_head)
     -> (out (B, T_new, d_model), (k, v) each (B, n_kv_heads, T_past + T_new, d_head)).
     """
-    cases = (
-        ("4 query heads, 2 key/value heads: a prompt of 5, then 3 tokens one at a time", 4, 2, 32, (5, 1, 1, 1)),
-        ("6 query heads, 3 key/value heads: a prompt of 4, then 2 tokens at once, then 1", 6, 3, 48, (4, 2, 1)),
-        ("8 query heads, 1 key/value head (multi-query): a prompt of 3, then 2 single tokens", 8, 1, 32, (3, 1, 1)),
-        ("4 query heads, 4 key/value heads (plain multi-head): a prompt of 2, then 2 single tokens", 4, 4, 16,
-         (2, 1, 1)),
-    )  # fmt: skip
     torch.manual_seed(7)  # @checker restores the reader's random state afterwards
-    layers = [  # made before any answer runs: an answer that draws random numbers changes no case
-        (
-            MultiHeadAttention(d_model, n_heads, n_kv_heads=n_kv_heads, bias=False).eval(),
-            torch.randn(2, sum(chunks), d_model),
-        )
-        for _, n_heads, n_kv_heads, d_model, chunks in cases
-    ]  # (attention, x of shape (B, T, d_model))
-    for (name, n_heads, n_kv_heads, _, chunks), (attn, x) in zip(cases, layers, strict=True):
+    layers = [  # (attention, x (B, T, d_model)), made before any answer runs: its random draws change no case
+        (MultiHeadAttention(d, n_heads, n_kv_heads=n_kv, bias=False).eval(), torch.randn(2, sum(chunks), d))
+        for _, n_heads, n_kv, d, chunks in _GQA_CASES
+    ]
+    for (name, n_heads, n_kv_heads, _, chunks), (attn, x) in zip(_GQA_CASES, layers, strict=True):
         with torch.no_grad():
-            expected_out, expected_cache = _library_gqa(attn, x, chunks)
+            outputs, cache = _library_gqa(attn, x, chunks)
             c.case(
                 f"{name}: the outputs",
                 lambda attn, x, chunks=chunks: _feed(gqa_step, attn, x, chunks)[0],
-                expected_out,
-                bugs=(
-                    Bug(
-                        _buggy(attn, x, chunks, 0, expand="repeat"),
-                        "query head h shares key/value head h // (n_heads // n_kv_heads): heads 0 and 1 read key/value "
-                        "head 0. k.repeat(1, n_rep, 1, 1) (or expand + reshape in the wrong order) pairs head h with "
-                        "h % n_kv_heads; use k.repeat_interleave(n_rep, dim=1).",
-                    ),
-                    Bug(
-                        _buggy(attn, x, chunks, 0, mask="top_left"),
-                        "with fewer new queries than keys, is_causal=True aligns the triangle to the top left and the "
-                        "new tokens see only the first keys. Use causal_mask(T_new, T_past + T_new), aligned to the "
-                        "bottom right.",
-                    ),
-                    Bug(
-                        _buggy(attn, x, chunks, 0, mask="none"),
-                        "one new token may see every key, but a prompt of several tokens needs the causal mask: "
-                        "without it, its early tokens see the later ones. Use causal_mask(T_new, T_past + T_new).",
-                    ),
-                    Bug(
-                        _buggy(attn, x, chunks, 0, keep=False),
-                        "the new tokens attend only to themselves: concatenate the cached keys and values in front of "
-                        "the new ones (torch.cat([k_past, k_new], dim=2)) before attending.",
-                    ),
-                ),
-                hint="project q (n_heads heads) and k, v (n_kv_heads heads) with attn.split_heads; append k and v to "
-                "the cache; repeat_interleave them n_heads // n_kv_heads times along the heads for the attention; "
-                "causal_mask(T_new, T_past + T_new); merge the heads and apply attn.out_proj.",
+                outputs,
+                bugs=bug_table(_GQA_BUGS, _fed_with_bug, attn, x, chunks, 0),
+                hint=_GQA_HINT,
                 inputs={"attn": attn, "x": x},
             )
-            n_rep = n_heads // n_kv_heads
             c.case(
                 f"{name}: the cache",
                 lambda attn, x, chunks=chunks: _feed(gqa_step, attn, x, chunks)[1],
-                expected_cache,
-                bugs=tuple(
-                    Bug(
-                        _buggy(attn, x, chunks, 1, cache_expanded=True, expand=expand),
-                        f"the cache must hold the {n_kv_heads} key/value head{'s' * (n_kv_heads > 1)}, not the "
-                        f"{n_heads} repeated ones: that is what grouped-query attention saves ({n_rep} times less "
-                        "memory). Append k and v to the cache first, and repeat them only for the attention.",
-                    )
-                    for expand in ("interleave", "repeat")
-                )
-                if n_rep > 1
-                else (),
-                hint="return the cache as (k, v), each of shape (B, n_kv_heads, T_past + T_new, d_head): every key and "
-                "value so far, in order, before any repeat.",
+                cache,
+                bugs=bug_table(_cache_bugs(n_heads, n_kv_heads), _fed_with_bug, attn, x, chunks, 1),
+                hint=_GQA_CACHE_HINT,
                 inputs={"attn": attn, "x": x},
             )

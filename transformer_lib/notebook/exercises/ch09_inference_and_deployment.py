@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ...quantization import QMAX
-from ._framework import Bug, Checker, checker
+from ._framework import Bug, Checker, bug_table, checker
 
 __all__ = ["check_kv_cache_gib", "check_quantize_per_group", "check_soft_loss", "check_accepted_tokens"]
 
@@ -139,6 +139,27 @@ def _group_weights() -> list[tuple[str, Tensor, int]]:
     ]
 
 
+_QUANTIZE_BUGS = {  # bug -> hint, for _quantize_per_group(..., bug=bug)
+    "truncate": "round before casting: .to(torch.int8) truncates towards zero, so 2.9 becomes 2 and a weight can be "
+    "off by almost a whole step instead of at most half a step. Use torch.round(w / scale) first.",
+    "128": "int8's symmetric range is [-127, 127]: divide the largest magnitude by 127, not 128. With 128 the "
+    "largest weight of each group rounds to 128, which int8 cannot hold.",
+    "128 wrap": "int8's symmetric range is [-127, 127]: divide the largest magnitude by 127, not 128. With 128 the "
+    "largest weight of each group rounds to 128, which int8 cannot hold: the cast wraps it to -128.",
+    "row": "that is one scale per row (per-channel quantization), repeated for each group: take the largest "
+    "magnitude of each group of group_size weights separately.",
+    "zero": "a group of zeros has scale 0, and 0 / 0 is NaN (which no int8 can hold): divide by "
+    "torch.where(scale > 0, scale, 1) so that the group's q is 0.",
+    "columns": "a group is group_size consecutive weights of one ROW (one output channel, along the input "
+    "features), not of a column: reshape to (out_features, in_features // group_size, group_size).",
+}
+_QUANTIZE_HINT = (
+    "reshape the weight to (out_features, in_features // group_size, group_size): scale = the largest |w| of "
+    "each group / 127, shape (out_features, n_groups); q = round(w / scale), clamped to [-127, 127] and cast "
+    "to int8 (where scale is 0, divide by 1 instead); reshape q back to the weight's shape."
+)
+
+
 @checker
 def check_quantize_per_group(c: Checker, quantize_per_group: Callable[[Tensor, int], tuple[Tensor, Tensor]]) -> None:
     """Check ``quantize_per_group(weight, group_size)``: symmetric int8 quantization with one scale per group of
@@ -148,61 +169,13 @@ def check_quantize_per_group(c: Checker, quantize_per_group: Callable[[Tensor, i
     Shapes: weight (out_features, in_features) -> q (out_features, in_features) int8,
     scale (out_features, in_features // group_size) float32.
     """
-    hint = (
-        "reshape the weight to (out_features, in_features // group_size, group_size): scale = the largest |w| of "
-        "each group / 127, shape (out_features, n_groups); q = round(w / scale), clamped to [-127, 127] and cast "
-        "to int8 (where scale is 0, divide by 1 instead); reshape q back to the weight's shape."
-    )
     for name, weight, group_size in _group_weights():
-        expected = _quantize_per_group(weight, group_size)
-
-        def buggy(kind: str, w: Tensor = weight, size: int = group_size) -> Callable[[], tuple[Tensor, Tensor]]:
-            return lambda: _quantize_per_group(w, size, bug=kind)
-
-        bugs = [
-            Bug(
-                buggy("truncate"),
-                "round before casting: .to(torch.int8) truncates towards zero, so 2.9 becomes 2 and a weight can be "
-                "off by almost a whole step instead of at most half a step. Use torch.round(w / scale) first.",
-            ),
-            Bug(
-                buggy("128"),
-                "int8's symmetric range is [-127, 127]: divide the largest magnitude by 127, not 128. With 128 the "
-                "largest weight of each group rounds to 128, which int8 cannot hold.",
-            ),
-            Bug(
-                buggy("128 wrap"),
-                "int8's symmetric range is [-127, 127]: divide the largest magnitude by 127, not 128. With 128 the "
-                "largest weight of each group rounds to 128, which int8 cannot hold: the cast wraps it to -128.",
-            ),
-            Bug(
-                buggy("row"),
-                "that is one scale per row (per-channel quantization), repeated for each group: take the largest "
-                "magnitude of each group of group_size weights separately.",
-            ),
-        ]
-        if (weight == 0).any():
-            bugs.append(
-                Bug(
-                    buggy("zero"),
-                    "a group of zeros has scale 0, and 0 / 0 is NaN (which no int8 can hold): divide by "
-                    "torch.where(scale > 0, scale, 1) so that the group's q is 0.",
-                )
-            )
-        if weight.shape[0] % group_size == 0:
-            bugs.append(
-                Bug(
-                    buggy("columns"),
-                    "a group is group_size consecutive weights of one ROW (one output channel, along the input "
-                    "features), not of a column: reshape to (out_features, in_features // group_size, group_size).",
-                )
-            )
         c.case(
             name,
             lambda weight, group_size: quantize_per_group(weight, group_size),
-            expected,
-            bugs=tuple(bugs),
-            hint=hint,
+            _quantize_per_group(weight, group_size),
+            bugs=bug_table(_QUANTIZE_BUGS, _quantize_per_group, weight, group_size),
+            hint=_QUANTIZE_HINT,
             inputs={"weight": weight, "group_size": group_size},
         )
     weight, group_size = _group_weights()[0][1:]
@@ -241,6 +214,23 @@ def _soft_loss(student_logits: Tensor, teacher_logits: Tensor, T: float, *, bug:
     return (factor * value).to(student_logits.dtype)
 
 
+_SOFT_LOSS_CASES = (  # (name, N positions, vocab_size, T)
+    ("N=6 positions, vocabulary 78, T=2", 6, 78, 2.0),
+    ("N=10, vocabulary 20, T=1", 10, 20, 1.0),
+    ("N=4, vocabulary 50, T=4", 4, 50, 4.0),
+)
+_SOFT_LOSS_BUGS = {  # bug -> hint, for _soft_loss(..., bug=bug)
+    "mean": "F.kl_div's default reduction='mean' divides by every entry of the (N, vocab_size) tensor, N x "
+    "vocab_size, not by N: the loss is vocab_size times too small. Pass reduction='batchmean'.",
+    "sum": "reduction='sum' adds the KL of every position: divide by the number of positions "
+    "(reduction='batchmean'), so that the loss does not grow with the batch.",
+    "swapped": "that is KL(student || teacher): F.kl_div(input, target) takes the student's log-probabilities "
+    "as input and the teacher's probabilities as target, and computes KL(target || input's distribution).",
+    "no T2": "multiply by T**2: the softened KL's gradients shrink like 1 / T**2, and T**2 restores their size.",
+    "T": "multiply by T**2, not T.",
+}
+
+
 @checker
 def check_soft_loss(c: Checker, soft_loss: Callable[[Tensor, Tensor, float], Tensor]) -> None:
     """Check ``soft_loss(student_logits, teacher_logits, T)``: the soft term of the distillation loss,
@@ -250,45 +240,14 @@ def check_soft_loss(c: Checker, soft_loss: Callable[[Tensor, Tensor, float], Ten
     Shapes: student_logits, teacher_logits (N, vocab_size); T a float > 0 -> a scalar.
     """
     g = torch.Generator().manual_seed(3)
-    cases = (
-        ("N=6 positions, vocabulary 78, T=2", 6, 78, 2.0),
-        ("N=10, vocabulary 20, T=1", 10, 20, 1.0),
-        ("N=4, vocabulary 50, T=4", 4, 50, 4.0),
-    )
-    for name, N, V, T in cases:
+    for name, N, V, T in _SOFT_LOSS_CASES:
         student = torch.randn(N, V, generator=g) * 2
         teacher = torch.randn(N, V, generator=g) * 3
-
-        def buggy(kind: str, s: Tensor = student, t: Tensor = teacher, temp: float = T) -> Callable[[], Tensor]:
-            return lambda: _soft_loss(s, t, temp, bug=kind)
-
         c.case(
             name,
             lambda student_logits, teacher_logits, T: soft_loss(student_logits, teacher_logits, T),
             _soft_loss(student, teacher, T),
-            bugs=(
-                Bug(
-                    buggy("mean"),
-                    "F.kl_div's default reduction='mean' divides by every entry of the (N, vocab_size) tensor, N x "
-                    "vocab_size, not by N: the loss is vocab_size times too small. Pass reduction='batchmean'.",
-                ),
-                Bug(
-                    buggy("sum"),
-                    "reduction='sum' adds the KL of every position: divide by the number of positions "
-                    "(reduction='batchmean'), so that the loss does not grow with the batch.",
-                ),
-                Bug(
-                    buggy("swapped"),
-                    "that is KL(student || teacher): F.kl_div(input, target) takes the student's log-probabilities "
-                    "as input and the teacher's probabilities as target, and computes KL(target || input's "
-                    "distribution).",
-                ),
-                Bug(
-                    buggy("no T2"),
-                    "multiply by T**2: the softened KL's gradients shrink like 1 / T**2, and T**2 restores their size.",
-                ),
-                Bug(buggy("T"), "multiply by T**2, not T."),
-            ),
+            bugs=bug_table(_SOFT_LOSS_BUGS, _soft_loss, student, teacher, T),
             hint="log_p_student = log_softmax(student / T), p_teacher = softmax(teacher / T); "
             "F.kl_div(log_p_student, p_teacher, reduction='batchmean') * T**2.",
             inputs={"student_logits": student, "teacher_logits": teacher, "T": T},
@@ -316,6 +275,27 @@ def _accepted_tokens(proposals: Tensor, choices: Tensor, *, bug: str = "") -> Te
     return torch.cat([kept, choices[n : n + 1]])
 
 
+_ACCEPTED_CASES = (  # (name, proposals, choices)
+    ("every proposal agrees: all 4, then the target's bonus token", [5, 6, 7, 8], [5, 6, 7, 8, 1]),
+    ("the first proposal disagrees: only the target's token", [3, 6, 7, 8], [5, 6, 7, 8, 1]),
+    ("agree, agree, disagree, agree", [5, 6, 9, 8], [5, 6, 7, 8, 1]),
+    ("disagree, then agree twice", [2, 6, 7], [4, 6, 7, 0]),
+    ("k = 1, agreeing", [11], [11, 12]),
+    ("k = 6: three agree, one differs, one agrees, one differs", [1, 2, 3, 9, 5, 9], [1, 2, 3, 4, 5, 6, 7]),
+)
+_ACCEPTED_BUGS = {  # bug -> hint, for _accepted_tokens(..., bug=bug)
+    "count": "you count every agreeing proposal, also those after the first disagreement: a proposal after a "
+    "rejected one was checked against a context the output does not have. Count the agreeing "
+    "PREFIX: agree.long().cumprod(0).sum().",
+    "no bonus": "when all k proposals agree, the target's choice after the last one, choices[k], comes for free: "
+    "append it too (k + 1 tokens from one target pass).",
+    "draft extra": "at the first disagreement the token is the TARGET's choice, choices[n], not the draft's "
+    "rejected proposal.",
+    "no extra": "append the target's own choice after the accepted proposals (at the first disagreement, or the "
+    "bonus token after the last proposal): every round yields at least one token.",
+}
+
+
 @checker
 def check_accepted_tokens(c: Checker, accepted_tokens: Callable[[Tensor, Tensor], Tensor]) -> None:
     """Check ``accepted_tokens(proposals, choices)``: the verify step of greedy speculative decoding. ``proposals``
@@ -325,47 +305,13 @@ def check_accepted_tokens(c: Checker, accepted_tokens: Callable[[Tensor, Tensor]
 
     Shapes: proposals (k,), choices (k + 1,) int64 -> (n_accepted + 1,) int64.
     """
-    cases = (
-        ("every proposal agrees: all 4, then the target's bonus token", [5, 6, 7, 8], [5, 6, 7, 8, 1]),
-        ("the first proposal disagrees: only the target's token", [3, 6, 7, 8], [5, 6, 7, 8, 1]),
-        ("agree, agree, disagree, agree", [5, 6, 9, 8], [5, 6, 7, 8, 1]),
-        ("disagree, then agree twice", [2, 6, 7], [4, 6, 7, 0]),
-        ("k = 1, agreeing", [11], [11, 12]),
-        ("k = 6: three agree, one differs, one agrees, one differs", [1, 2, 3, 9, 5, 9], [1, 2, 3, 4, 5, 6, 7]),
-    )
-    for name, proposals, choices in cases:
+    for name, proposals, choices in _ACCEPTED_CASES:
         p, t = torch.tensor(proposals), torch.tensor(choices)
-
-        def buggy(kind: str, p: Tensor = p, t: Tensor = t) -> Callable[[], Tensor]:
-            return lambda: _accepted_tokens(p, t, bug=kind)
-
         c.case(
             f"{name}: proposals {proposals}, choices {choices}",
             lambda proposals, choices: accepted_tokens(proposals, choices),
             _accepted_tokens(p, t),
-            bugs=(
-                Bug(
-                    buggy("count"),
-                    "you count every agreeing proposal, also those after the first disagreement: a proposal after a "
-                    "rejected one was checked against a context the output does not have. Count the agreeing "
-                    "PREFIX: agree.long().cumprod(0).sum().",
-                ),
-                Bug(
-                    buggy("no bonus"),
-                    "when all k proposals agree, the target's choice after the last one, choices[k], comes for free: "
-                    "append it too (k + 1 tokens from one target pass).",
-                ),
-                Bug(
-                    buggy("draft extra"),
-                    "at the first disagreement the token is the TARGET's choice, choices[n], not the draft's "
-                    "rejected proposal.",
-                ),
-                Bug(
-                    buggy("no extra"),
-                    "append the target's own choice after the accepted proposals (at the first disagreement, or the "
-                    "bonus token after the last proposal): every round yields at least one token.",
-                ),
-            ),
+            bugs=bug_table(_ACCEPTED_BUGS, _accepted_tokens, p, t),
             hint="n = the number of leading proposals equal to the target's choices; return proposals[:n] followed "
             "by choices[n] (equivalently choices[:n + 1]).",
             inputs={"proposals": p, "choices": t},
