@@ -35,7 +35,7 @@ def main(argv: list[str]) -> int:
     for path in paths:
         cells = cells_with_outputs(path)
         if cells:
-            print(f"{path}: cells {', '.join(map(str, cells))} carry outputs; clear them before committing")
+            print(f"{path}: cells with outputs: {', '.join(map(str, cells))}; clear them before committing")
             status = 1
     return status
 

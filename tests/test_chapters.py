@@ -45,7 +45,7 @@ def test_a_notebook_with_outputs_is_refused_by_its_cell_numbers(tmp_path, capsys
     nb.cells[2].outputs = [nbformat.v4.new_output("stream", text="2")]
     nbformat.write(nb, path)
     assert check_no_outputs.main([str(path)]) == 1
-    assert f"{path}: cells 2, 3 carry outputs" in capsys.readouterr().out
+    assert f"{path}: cells with outputs: 2, 3;" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
