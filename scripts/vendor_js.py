@@ -5,7 +5,9 @@ By default Jupyter Book pages load require.js, the Jupyter widget manager, d3/jq
 (for bertviz) and MathJax from CDNs, so widgets, attention views and equations stay
 blank offline. This script fetches pinned versions of those packages from the npm
 registry (``npm pack``) and copies the files the book uses into ``book/_vendor/npm/``,
-together with each package's licence and a generated ``LICENSES.md``.
+together with each package's licence and a generated ``LICENSES.md``. Which packages, their
+versions and the file of each that pages load come from one list,
+``transformer_lib.notebook.viz.VENDORED``; this script adds how to unpack each one.
 
 Sphinx copies ``book/_vendor`` into ``_build/html/_static/`` (``html_static_path`` in
 ``_config.yml``), so the files end up in ``_build/html/_static/npm/...``. The folder is
@@ -15,7 +17,7 @@ folder of that name into every page.
 Idempotent: when ``book/_vendor/.stamp.json`` records the pinned versions and every
 expected file is present, nothing is fetched. ``--force`` refetches.
 
-Usage: python scripts/vendor_js.py [--dest book/_vendor] [--force] [--check]
+Usage: python scripts/vendor_js.py [--force]
 Environment: NPM (the npm executable, default ``npm``).
 """
 
@@ -29,28 +31,41 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
+from transformer_lib.notebook.viz import VENDOR_DIR, VENDORED
+
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_DEST = ROOT / "book" / "_vendor"
-SUBDIR = "npm"  # -> _build/html/_static/npm/
+DEST = ROOT / "book" / "_vendor"
+SUBDIR = VENDOR_DIR.rstrip("/")  # -> _build/html/_static/npm/
 STAMP = ".stamp.json"
 
 
 @dataclass(frozen=True)
 class Package:
-    """One npm package: what to copy (paths inside the tarball's ``package/``) and where."""
+    """How to unpack one npm package of ``VENDORED``: what to copy (paths inside the tarball's
+    ``package/``) into its folder under book/_vendor/npm/."""
 
     name: str
-    version: str
-    folder: str  # destination folder under book/_vendor/npm/
     copy: tuple[str, ...]  # files or directories, relative to package/
     strip: str = ""  # prefix removed from copied paths (e.g. "dist/")
     licence_files: tuple[str, ...] = ()
     # Used when the tarball ships no licence file: (SPDX id, copyright line).
     licence_fallback: tuple[str, str] | None = None
-    must_exist: tuple[str, ...] = field(default=())  # relative to the destination folder
+    also_exist: tuple[str, ...] = ()  # besides the file pages load, relative to the folder
+
+    @property
+    def version(self) -> str:
+        return VENDORED[self.name][0]
+
+    @property
+    def folder(self) -> str:
+        return VENDORED[self.name][1].split("/", 1)[0]
+
+    @property
+    def must_exist(self) -> tuple[str, ...]:
+        return (VENDORED[self.name][1].split("/", 1)[1], *self.also_exist)
 
 
 _MATHJAX_PARTS = (
@@ -71,48 +86,24 @@ _MATHJAX_PARTS = (
 PACKAGES: tuple[Package, ...] = (
     Package(
         "requirejs",
-        "2.3.6",
-        "requirejs",
         copy=("require.js",),
         licence_fallback=("MIT", "Copyright jQuery Foundation and other contributors, https://jquery.org/"),
-        must_exist=("require.js",),
     ),
     Package(
         "@jupyter-widgets/html-manager",
-        "1.0.6",
-        "html-manager",
         # embed-amd.js plus the icon fonts (woff2/woff; browsers skip the eot/ttf/svg fallbacks).
         copy=("dist/embed-amd.js", "dist/*.woff2", "dist/*.woff"),
         strip="dist/",
         licence_files=("LICENSE", "dist/embed.js.LICENSE.txt"),
-        must_exist=("embed-amd.js",),
     ),
+    Package("d3", copy=("dist/d3.min.js",), strip="dist/", licence_files=("LICENSE",)),
+    Package("jquery", copy=("dist/jquery.min.js",), strip="dist/", licence_files=("MIT-LICENSE.txt",)),
     Package(
-        "d3",
-        "5.7.0",
-        "d3",
-        copy=("dist/d3.min.js",),
-        strip="dist/",
-        licence_files=("LICENSE",),
-        must_exist=("d3.min.js",),
-    ),
-    Package(
-        "jquery",
-        "2.1.0",
-        "jquery",
-        copy=("dist/jquery.min.js",),
-        strip="dist/",
-        licence_files=("MIT-LICENSE.txt",),
-        must_exist=("jquery.min.js",),
-    ),
-    Package(
-        "mathjax",
-        "3.2.2",
         "mathjax",
         copy=_MATHJAX_PARTS,
         strip="es5/",
         licence_files=("LICENSE",),
-        must_exist=("tex-mml-chtml.js", "tex-chtml.js", "output/chtml/fonts/woff-v2/MathJax_Main-Regular.woff"),
+        also_exist=("tex-chtml.js", "output/chtml/fonts/woff-v2/MathJax_Main-Regular.woff"),
     ),
 )
 
@@ -263,19 +254,12 @@ def vendor(dest: Path, npm: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dest", type=Path, default=DEFAULT_DEST)
     parser.add_argument("--force", action="store_true", help="refetch even if up to date")
-    parser.add_argument("--check", action="store_true", help="only report; exit 1 if not up to date")
     args = parser.parse_args(argv)
-    dest = args.dest.resolve()
-    if args.check:
-        ok = is_current(dest)
-        print(f"vendor_js: {dest} is {'up to date' if ok else 'missing or stale'}")
-        return 0 if ok else 1
-    if not args.force and is_current(dest):
-        print(f"vendor_js: {dest} up to date, nothing to do")
+    if not args.force and is_current(DEST):
+        print(f"vendor_js: {DEST} up to date, nothing to do")
         return 0
-    vendor(dest, os.environ.get("NPM", "npm"))
+    vendor(DEST, os.environ.get("NPM", "npm"))
     return 0
 
 

@@ -285,19 +285,14 @@ def test_pages_load_nothing_from_the_network(book: Path) -> None:
 
 
 def test_vendored_scripts_and_licences(book: Path) -> None:
-    static = book / "_static" / "npm"
-    for rel in (
-        "requirejs/require.js",
-        "html-manager/embed-amd.js",
-        "d3/d3.min.js",
-        "jquery/jquery.min.js",
-        "mathjax/tex-mml-chtml.js",
-        "LICENSES.md",
-    ):
-        assert (static / rel).is_file(), f"_static/npm/{rel} missing: run scripts/vendor_js.py"
+    from transformer_lib.notebook.viz import VENDOR_DIR, VENDORED
+
+    static = book / "_static" / VENDOR_DIR
+    for rel in [file for _, file in VENDORED.values()] + ["LICENSES.md"]:
+        assert (static / rel).is_file(), f"_static/{VENDOR_DIR}{rel} missing: run scripts/vendor_js.py"
     licences = (static / "LICENSES.md").read_text()
-    for name in ("requirejs", "@jupyter-widgets/html-manager", "d3", "jquery", "mathjax"):
-        assert f"| {name} |" in licences
+    for name, (version, _) in VENDORED.items():
+        assert f"| {name} | {version} |" in licences
 
 
 # --- the pages, as a reader sees them -----------------------------------------------------

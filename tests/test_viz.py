@@ -6,6 +6,7 @@ import json
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from conftest import importorskip_unless_ci
 importorskip_unless_ci("bertviz")
 from transformer_lib.notebook import viz  # noqa: E402
 
+ROOT = Path(__file__).resolve().parents[1]
 TOKENS = ["the", "cat", "sat"]
 
 
@@ -41,11 +43,27 @@ def test_paths_fall_back_to_the_vendored_copies(view) -> None:
     assert '"d3": "d3/d3.min"' in js and '"jquery": "jquery/jquery.min"' in js
     assert "[base + localPaths[name], cdnPaths[name]]" in js
     assert "[cdnPaths[name], base + localPaths[name]]" not in js
-    assert 'script[src*="npm/requirejs/require.js"]' in js
+    assert f'script[src*="{viz.VENDOR_DIR}{viz.VENDORED["requirejs"][1]}"]' in js
     # bertviz's own CDN-only require.config is removed; only ours remains.
     assert js.count("require.config(") == 1
     # The params JSON appears once (bertviz also echoes it into a comment).
     assert js.count('"left_text"') == 1
+
+
+def test_one_list_of_vendored_scripts_for_the_fetch_the_config_and_the_views() -> None:
+    """viz.VENDORED is the list: vendor_js unpacks exactly its packages into VENDOR_DIR, and _config.yml
+    loads only files it names."""
+    import yaml
+
+    import vendor_js
+
+    assert {p.name for p in vendor_js.PACKAGES} == set(viz.VENDORED)
+    assert f"{vendor_js.SUBDIR}/" == viz.VENDOR_DIR
+    files = {viz.VENDOR_DIR + file for _, file in viz.VENDORED.values()}
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())["sphinx"]["config"]
+    loaded = [entry[0] for entry in config["html_js_files"]] + [config["mathjax_path"]]
+    assert set(loaded) <= files, f"_config.yml loads {sorted(set(loaded) - files)}, which viz.VENDORED does not name"
+    assert {viz.VENDOR_DIR + module + ".js" for module in viz.LOCAL_MODULES.values()} <= files
 
 
 def test_rewritten_script_is_valid_javascript(tmp_path) -> None:

@@ -9,6 +9,8 @@
    after the builder exists twice (once as filename ``None``, once as ``''``), so
    sphinx-thebe's ``const THEBE_JS_URL = ...`` appears twice and the second copy raises
    ``SyntaxError: Identifier 'THEBE_JS_URL' has already been declared`` on every page.
+   Remove it when a Sphinx upgrade (jupyter-book 1.0.4 installs 7.4) makes the build without it
+   pass tests/test_book.py's check for uncaught page errors.
 3. Numbers exercises per chapter: "Exercise 3.2" is the second exercise of ``chapters/03_*``.
    sphinx-exercise numbers them across the whole book (Sphinx's ``toc_fignumbers``, "Exercise 17");
    after Sphinx assigns those numbers, each chapter's exercises get ``(chapter, i)`` in document

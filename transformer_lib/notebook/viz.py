@@ -37,10 +37,20 @@ from .plots import AttentionLike, _validate_tokens
 
 __all__ = ["head_view", "model_view", "offline_html"]
 
-#: Where scripts/vendor_js.py puts the vendored npm packages, relative to ``_static``.
+#: Where the book serves its own copies of the browser scripts, relative to ``_static``.
 VENDOR_DIR = "npm/"
+#: The one list of those scripts: npm package -> (version, the file a page loads, under VENDOR_DIR).
+#: scripts/vendor_js.py fetches them from npm; _config.yml loads require.js, the widget manager and
+#: MathJax (tests/test_viz.py checks its paths against this list); the views below load d3 and jquery.
+VENDORED = {
+    "requirejs": ("2.3.6", "requirejs/require.js"),
+    "@jupyter-widgets/html-manager": ("1.0.6", "html-manager/embed-amd.js"),
+    "d3": ("5.7.0", "d3/d3.min.js"),
+    "jquery": ("2.1.0", "jquery/jquery.min.js"),
+    "mathjax": ("3.2.2", "mathjax/tex-mml-chtml.js"),
+}
 #: Local file (without ``.js``, as require.js wants it) for each module bertviz loads.
-LOCAL_MODULES = {"d3": "d3/d3.min", "jquery": "jquery/jquery.min"}
+LOCAL_MODULES = {name: VENDORED[name][1].removesuffix(".js") for name in ("d3", "jquery")}
 REQUIRE_CDN = "https://cdnjs.cloudflare.com/ajax/libs/require.js/2.3.6/require.min.js"
 
 _REQUIRE_TAG = re.compile(r"<script\s+src=\"[^\"]*require(?:\.min)?\.js\"\s*>\s*</script>")
