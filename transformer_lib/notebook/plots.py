@@ -19,8 +19,8 @@ AttentionLike = Sequence[torch.Tensor | np.ndarray] | torch.Tensor | np.ndarray
 __all__ = ["LivePlot", "plot_attention_grid", "plot_history"]
 
 
-def _validate_tokens(tokens: Sequence[str] | None, n: int, what: str) -> list[str] | None:
-    """Token labels for n positions, as strings; a clear error when the count differs."""
+def validate_tokens(tokens: Sequence[str] | None, n: int, what: str) -> list[str] | None:
+    """Token labels for n positions, as strings; a clear error when the count differs (also viz's)."""
     if tokens is None:
         return None
     tokens = [str(t) for t in tokens]
@@ -29,31 +29,37 @@ def _validate_tokens(tokens: Sequence[str] | None, n: int, what: str) -> list[st
     return tokens
 
 
-def _grid_layers(maps: AttentionLike, batch_index: int) -> list[torch.Tensor]:
-    """A list over layers of ``(n_heads, T_q, T_k)`` float tensors on the CPU."""
+def attention_layers(maps: AttentionLike, name: str, batch_index: int = 0) -> list[torch.Tensor]:
+    """Attention maps as a list over layers of ``(n_heads, T_q, T_k)`` tensors on the CPU (also viz's);
+    errors name the argument, ``name``.
+
+    Shapes: maps: a list over layers of ``(B, n_heads, T_q, T_k)`` or ``(n_heads, T_q, T_k)`` tensors or
+    arrays (a single one is one layer); ``batch_index`` picks the sequence. Every layer has the same
+    ``(T_q, T_k)``.
+    """
     if isinstance(maps, (torch.Tensor, np.ndarray)):
         maps = [maps]
     if not isinstance(maps, Sequence) or isinstance(maps, str) or len(maps) == 0:
-        raise TypeError(f"maps: expected a non-empty list over layers of tensors, got {type(maps).__name__}")
+        raise TypeError(f"{name}: expected a non-empty list over layers of tensors, got {type(maps).__name__}")
     layers = []
     for i, a in enumerate(maps):
         if not isinstance(a, (torch.Tensor, np.ndarray)):
-            raise TypeError(f"maps[{i}]: expected a tensor, got {type(a).__name__}")
+            raise TypeError(f"{name}[{i}]: expected a tensor, got {type(a).__name__}")
         t = torch.as_tensor(a).detach().to("cpu")
         if not torch.is_floating_point(t):
-            raise TypeError(f"maps[{i}]: expected floating-point attention weights, got dtype {t.dtype}")
+            raise TypeError(f"{name}[{i}]: expected floating-point attention weights, got dtype {t.dtype}")
         if t.dim() == 4:
             if not -t.shape[0] <= batch_index < t.shape[0]:
-                raise ValueError(f"maps[{i}]: batch_index {batch_index} out of range for batch size {t.shape[0]}")
+                raise ValueError(f"{name}[{i}]: batch_index {batch_index} out of range for batch size {t.shape[0]}")
             t = t[batch_index]
         elif t.dim() != 3:
             raise ValueError(
-                f"maps[{i}]: expected shape (B, n_heads, T_q, T_k) or (n_heads, T_q, T_k), got {tuple(t.shape)}"
+                f"{name}[{i}]: expected shape (B, n_heads, T_q, T_k) or (n_heads, T_q, T_k), got {tuple(t.shape)}"
             )
-        layers.append(t.float())
+        layers.append(t)
     shapes = {tuple(t.shape[-2:]) for t in layers}
     if len(shapes) != 1:
-        raise ValueError(f"maps: all layers must have the same (T_q, T_k), got {sorted(shapes)}")
+        raise ValueError(f"{name}: all layers must have the same (T_q, T_k), got {sorted(shapes)}")
     return layers
 
 
@@ -104,10 +110,10 @@ def plot_attention_grid(
 
     if numbering not in (0, 1) or isinstance(numbering, bool):
         raise ValueError(f"numbering must be 0 or 1 (the number of the first layer and head), got {numbering!r}")
-    all_layers = _grid_layers(maps, batch_index)
+    all_layers = [t.float() for t in attention_layers(maps, "maps", batch_index)]
     T_q, T_k = all_layers[0].shape[-2:]
-    tokens_q = _validate_tokens(tokens_q, T_q, "tokens_q")
-    tokens_k = tokens_q if tokens_k is None else _validate_tokens(tokens_k, T_k, "tokens_k")
+    tokens_q = validate_tokens(tokens_q, T_q, "tokens_q")
+    tokens_k = tokens_q if tokens_k is None else validate_tokens(tokens_k, T_k, "tokens_k")
     if tokens_q is None or tokens_k is None:
         raise ValueError("tokens_q: required (one string per query position)")
     if len(tokens_k) != T_k:

@@ -28,12 +28,11 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import torch
 from IPython.display import HTML
 from IPython.display import display as ipy_display
 
-from .plots import AttentionLike, _validate_tokens
+from .plots import AttentionLike, attention_layers, validate_tokens
 
 __all__ = ["head_view", "model_view", "offline_html"]
 
@@ -137,32 +136,14 @@ def _drop_params_echo(js: str) -> str:
     return "\n".join(lines)
 
 
-def _layer_tensor(a: torch.Tensor | np.ndarray, where: str, batch_index: int, decimals: int) -> torch.Tensor:
-    """One layer's weights as a ``(1, n_heads, T_q, T_k)`` float64 tensor, rounded for a compact page."""
-    t = torch.as_tensor(a).detach().to("cpu")
-    if not torch.is_floating_point(t):
-        raise TypeError(f"{where}: expected floating-point attention weights, got dtype {t.dtype}")
-    if t.dim() == 3:
-        t = t.unsqueeze(0)
-    elif t.dim() == 4:
-        if not -t.shape[0] <= batch_index < t.shape[0]:
-            raise ValueError(f"{where}: batch_index {batch_index} out of range for batch size {t.shape[0]}")
-        t = t[batch_index : batch_index + 1] if batch_index != -1 else t[-1:]
-    else:
-        raise ValueError(f"{where}: expected shape (B, n_heads, T_q, T_k) or (n_heads, T_q, T_k), got {tuple(t.shape)}")
-    return t.to(torch.float64).round(decimals=decimals)
-
-
 def _layers(attention: AttentionLike, name: str, batch_index: int, decimals: int) -> list[torch.Tensor]:
-    """Normalize a list over layers (or a single layer's tensor) for bertviz."""
-    if isinstance(attention, (torch.Tensor, np.ndarray)):
-        attention = [attention]
-    if not isinstance(attention, Sequence) or len(attention) == 0:
-        raise TypeError(f"{name}: expected a non-empty list over layers of tensors, got {type(attention).__name__}")
-    layers = [_layer_tensor(a, f"{name}[{i}]", batch_index, decimals) for i, a in enumerate(attention)]
-    shapes = {tuple(t.shape) for t in layers}
-    if len(shapes) != 1:
-        raise ValueError(f"{name}: all layers must have the same shape, got {sorted(shapes)}")
+    """A list over layers of ``(1, n_heads, T_q, T_k)`` float64 tensors for bertviz, rounded for a compact page."""
+    layers = [
+        t[None].to(torch.float64).round(decimals=decimals) for t in attention_layers(attention, name, batch_index)
+    ]
+    heads = {t.shape[1] for t in layers}
+    if len(heads) != 1:
+        raise ValueError(f"{name}: all layers must have the same number of heads, got {sorted(heads)}")
     return layers
 
 
@@ -185,7 +166,7 @@ def _prepare(
                 "use encoder_attention/decoder_attention/cross_attention"
             )
         args["attention"] = layers
-        args["tokens"] = _validate_tokens(tokens, T_q, "tokens")
+        args["tokens"] = validate_tokens(tokens, T_q, "tokens")
         return args
     enc_tokens, dec_tokens = args.get("encoder_tokens"), args.get("decoder_tokens")
     found = False
@@ -197,14 +178,14 @@ def _prepare(
         raise ValueError("give attention (self-attention model) or encoder_attention/decoder_attention/cross_attention")
     if args.get("encoder_attention") is not None:
         T = args["encoder_attention"][0].shape[-1]
-        args["encoder_tokens"] = _validate_tokens(enc_tokens, T, "encoder_tokens")
+        args["encoder_tokens"] = validate_tokens(enc_tokens, T, "encoder_tokens")
     if args.get("decoder_attention") is not None:
         T = args["decoder_attention"][0].shape[-1]
-        args["decoder_tokens"] = _validate_tokens(dec_tokens, T, "decoder_tokens")
+        args["decoder_tokens"] = validate_tokens(dec_tokens, T, "decoder_tokens")
     if args.get("cross_attention") is not None:
         _, _, T_q, T_k = args["cross_attention"][0].shape
-        args["decoder_tokens"] = _validate_tokens(dec_tokens, T_q, "decoder_tokens (cross_attention rows)")
-        args["encoder_tokens"] = _validate_tokens(enc_tokens, T_k, "encoder_tokens (cross_attention columns)")
+        args["decoder_tokens"] = validate_tokens(dec_tokens, T_q, "decoder_tokens (cross_attention rows)")
+        args["encoder_tokens"] = validate_tokens(enc_tokens, T_k, "encoder_tokens (cross_attention columns)")
     return args
 
 
