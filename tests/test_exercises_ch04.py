@@ -131,7 +131,7 @@ def columns(w, n_heads):
 
 def test_rope_permutation_accepts_right_answers():
     assert ex.check_rope_permutation(to_interleaved_by_index).passed
-    assert ex.check_rope_permutation(ch04._to_interleaved).passed
+    assert ex.check_rope_permutation(ch04._convert).passed
 
 
 def test_the_converted_weights_give_a_half_split_models_scores_in_the_library():
@@ -241,24 +241,24 @@ def test_alibi_accepts_a_right_answer_and_the_library():
 
 
 @pytest.mark.parametrize(
-    "kw, words",
+    "bug, words",
     [
-        (dict(slopes="geometric"), "is the rule for a power of two only"),
-        (dict(slopes="first"), "EVERY OTHER slope"),
-        (dict(slopes="odd"), "[1::2] of the 2 n' sequence"),
-        (dict(slopes="eight"), "2^-(h+1) are the slopes of 8 heads"),
-        (dict(offset=False), "the queries are the newest T_q positions"),
-        (dict(sign=-1.0), "the bias is a penalty"),
-        (dict(causal=True), "return the bias alone"),
+        ("geometric", "is the rule for a power of two only"),
+        ("first", "EVERY OTHER slope"),
+        ("odd", "[1::2] of the 2 n' sequence"),
+        ("eight", "2^-(h+1) are the slopes of 8 heads"),
+        ("no offset", "the queries are the newest T_q positions"),
+        ("sign", "the bias is a penalty"),
+        ("causal", "return the bias alone"),
     ],
 )
-def test_alibi_names_each_mistake(kw, words):
-    result = ex.check_alibi(lambda n, T_q, T_k: ch04._alibi_variant(n, T_q, T_k, **kw))
+def test_alibi_names_each_mistake(bug, words):
+    result = ex.check_alibi(lambda n, T_q, T_k: ch04._alibi(n, T_q, T_k, bug=bug))
     assert not result.passed and words in result.text, result.text
 
 
 def test_alibi_without_the_offset_passes_only_the_square_cases():
-    result = ex.check_alibi(lambda n, T_q, T_k: ch04._alibi_variant(n, T_q, T_k, offset=False))
+    result = ex.check_alibi(lambda n, T_q, T_k: ch04._alibi(n, T_q, T_k, bug="no offset"))
     assert result.text.count("✅") == 2, result.text
 
 

@@ -88,15 +88,15 @@ def test_accumulate_accepts_right_answers_and_names_the_starter_bug():
 
 
 @pytest.mark.parametrize(
-    ("rule", "words"),
+    ("bug", "words"),
     [
         ("none", "the sum of k means"),
         ("positions", "count only the target tokens"),
         ("last", "don't zero them between micro-batches"),
     ],
 )
-def test_accumulate_names_the_other_bugs(rule, words):
-    result = ex.check_accumulate(lambda model, micro_batches: ch08._accumulate(model, micro_batches, rule=rule))
+def test_accumulate_names_the_other_bugs(bug, words):
+    result = ex.check_accumulate(lambda model, micro_batches: ch08._accumulate(model, micro_batches, bug=bug))
     assert not result.passed and words in result.text, result.text
 
 

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -15,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ...positional import RotaryEmbedding, alibi_bias, alibi_slopes, sinusoidal_encoding
-from ._framework import Bug, Checker, checker
+from ._framework import Bug, Checker, bug_table, checker
 
 __all__ = ["check_sinusoidal_encoding", "check_rope_permutation", "check_alibi_share", "check_alibi"]
 
@@ -23,33 +24,25 @@ __all__ = ["check_sinusoidal_encoding", "check_rope_permutation", "check_alibi_s
 # ---------------------------------------------------------------- Spot the bug: the NumPy table's `2 * i`
 
 
-def _sinusoidal_variant(
-    max_len: int,
-    d_model: int,
-    base: float = 10000.0,
-    swap: bool = False,
-    exponent: str = "2i/d",
-    concat: bool = False,
-    start: int = 0,
-    multiply: bool = False,
-) -> Tensor:
-    """The sinusoidal encoding and its classic wrong versions (for the checker's bug list)."""
+def _sinusoidal(max_len: int, d_model: int, *, bug: str = "") -> Tensor:
+    """The sinusoidal encoding, or one of its classic wrong versions (:data:`_SINUSOIDAL_BUGS`).
+
+    "chapter loop" is the chapter's loop: sine with exponent 2j/d, cosine with 2(j+1)/d, j = 0, 2, 4, ... the
+    even dimension. Shapes: -> (max_len, d_model).
+    """
+    start = 1 if bug == "from 1" else 0
     pos = torch.arange(start, start + max_len, dtype=torch.float64)[:, None]  # (max_len, 1)
-    pair = torch.arange(d_model // 2, dtype=torch.float64)  # i = 0 .. d/2 - 1
-    power = {"2i/d": 2 * pair / d_model, "i/d": pair / d_model, "4i/d": 4 * pair / d_model}[exponent]
-    angles = pos * base**power if multiply else pos / base**power  # (max_len, d/2)
-    first, second = (torch.cos(angles), torch.sin(angles)) if swap else (torch.sin(angles), torch.cos(angles))
-    if concat:
+    i = torch.arange(d_model // 2, dtype=torch.float64)  # the pairs, 0 .. d/2 - 1
+    power = {"4i/d": 4 * i, "chapter loop": 4 * i, "i/d": i}.get(bug, 2 * i) / d_model
+    base = 1000.0 if bug == "base 1000" else 10000.0
+    angles = pos * base**power if bug == "multiplied" else pos / base**power  # (max_len, d/2)
+    sin, cos = torch.sin(angles), torch.cos(angles)
+    if bug == "chapter loop":
+        cos = torch.cos(pos / base ** ((4 * i + 2) / d_model))
+    first, second = (cos, sin) if bug in ("swapped", "halves, cos first") else (sin, cos)
+    if bug in ("halves", "halves, cos first"):
         return torch.cat([first, second], dim=-1).float()
     return torch.stack([first, second], dim=-1).flatten(-2).float()  # interleaved: sin, cos, sin, cos, ...
-
-
-def _mixed_variant(max_len: int, d_model: int) -> Tensor:
-    """The chapter's loop: sine with exponent 2j/d, cosine with 2(j+1)/d, j = 0, 2, 4, ... the even dimension."""
-    pos = torch.arange(max_len, dtype=torch.float64)[:, None]
-    j = torch.arange(0, d_model, 2, dtype=torch.float64)
-    sin, cos = torch.sin(pos / 10000 ** (2 * j / d_model)), torch.cos(pos / 10000 ** (2 * (j + 1) / d_model))
-    return torch.stack([sin, cos], dim=-1).flatten(-2).float()
 
 
 def _as_tensor(table: Any) -> Any:
@@ -65,6 +58,25 @@ _TYPO_HINT = (
 )
 
 
+_SINUSOIDAL_BUGS = {  # bug -> hint, for _sinusoidal(..., bug=bug)
+    "4i/d": _TYPO_HINT,
+    "chapter loop": "the chapter's loop: `2 * i` doubles the exponent (i already steps by 2), and the cosine uses "
+    "2 * (i + 1), another frequency than its sine. Sine and cosine of a pair share one angle, "
+    "pos / 10000^(i / d_model) with i = 0, 2, 4, ...",
+    "swapped": "sin and cos are swapped: the even dimensions 2i hold the sine, the odd ones 2i+1 the cosine.",
+    "halves": "sin and cos in halves: the sines fill the first d_model/2 columns and the cosines the last "
+    "d_model/2; the encoding interleaves them: dimension 2i is a sine and dimension 2i+1 the cosine "
+    "of the same angle, pe[:, 0::2] = sin and pe[:, 1::2] = cos.",
+    "halves, cos first": "cos and sin in halves: the cosines fill the first d_model/2 columns and the sines the "
+    "last; the encoding interleaves them, the sine first: pe[:, 0::2] = sin and pe[:, 1::2] = cos.",
+    "i/d": "the exponent is i/d_model with i the index of the pair; it is 2i/d_model (equivalently "
+    "j/d_model with j = 0, 2, 4, ... the even dimension).",
+    "multiplied": "the angle is pos DIVIDED by 10000^(2i/d_model): the wavelengths grow with i.",
+    "from 1": "positions start at 0, not 1: the first row is sin(0) = 0, cos(0) = 1.",
+    "base 1000": "the base is 10000, not 1000.",
+}
+
+
 @checker
 def check_sinusoidal_encoding(c: Checker, encoding: Callable[[int, int], Any]) -> None:
     """Check ``encoding(max_len, d_model) -> PE`` of Vaswani et al.: PE[pos, 2i] = sin(pos / 10000^(2i/d_model)),
@@ -72,50 +84,12 @@ def check_sinusoidal_encoding(c: Checker, encoding: Callable[[int, int], Any]) -
 
     Shapes: returns (max_len, d_model).
     """
-    v = _sinusoidal_variant
     for max_len, d_model in ((10, 8), (50, 16), (100, 64)):
         c.case(
             f"max_len={max_len}, d_model={d_model}",
             lambda n=max_len, d=d_model: _as_tensor(encoding(n, d)),
             sinusoidal_encoding(max_len, d_model),
-            bugs=(
-                Bug(lambda n=max_len, d=d_model: v(n, d, exponent="4i/d"), _TYPO_HINT),
-                Bug(
-                    lambda n=max_len, d=d_model: _mixed_variant(n, d),
-                    "the chapter's loop: `2 * i` doubles the exponent (i already steps by 2), and the cosine uses "
-                    "2 * (i + 1), another frequency than its sine. Sine and cosine of a pair share one angle, "
-                    "pos / 10000^(i / d_model) with i = 0, 2, 4, ...",
-                ),
-                Bug(
-                    lambda n=max_len, d=d_model: v(n, d, swap=True),
-                    "sin and cos are swapped: the even dimensions 2i hold the sine, the odd ones 2i+1 the cosine.",
-                ),
-                Bug(
-                    lambda n=max_len, d=d_model: v(n, d, concat=True),
-                    "sin and cos in halves: the sines fill the first d_model/2 columns and the cosines the last "
-                    "d_model/2; the encoding interleaves them: dimension 2i is a sine and dimension 2i+1 the cosine "
-                    "of the same angle, pe[:, 0::2] = sin and pe[:, 1::2] = cos.",
-                ),
-                Bug(
-                    lambda n=max_len, d=d_model: v(n, d, concat=True, swap=True),
-                    "cos and sin in halves: the cosines fill the first d_model/2 columns and the sines the last; "
-                    "the encoding interleaves them, the sine first: pe[:, 0::2] = sin and pe[:, 1::2] = cos.",
-                ),
-                Bug(
-                    lambda n=max_len, d=d_model: v(n, d, exponent="i/d"),
-                    "the exponent is i/d_model with i the index of the pair; it is 2i/d_model (equivalently "
-                    "j/d_model with j = 0, 2, 4, ... the even dimension).",
-                ),
-                Bug(
-                    lambda n=max_len, d=d_model: v(n, d, multiply=True),
-                    "the angle is pos DIVIDED by 10000^(2i/d_model): the wavelengths grow with i.",
-                ),
-                Bug(
-                    lambda n=max_len, d=d_model: v(n, d, start=1),
-                    "positions start at 0, not 1: the first row is sin(0) = 0, cos(0) = 1.",
-                ),
-                Bug(lambda n=max_len, d=d_model: v(n, d, base=1000.0), "the base is 10000, not 1000."),
-            ),
+            bugs=bug_table(_SINUSOIDAL_BUGS, _sinusoidal, max_len, d_model),
             hint="angles = pos / 10000 ** (j / d_model) for pos = 0 .. max_len-1 and the even dimensions "
             "j = 0, 2, ..., d_model-2; pe[:, 0::2] = sin(angles), pe[:, 1::2] = cos(angles).",
         )
@@ -124,28 +98,21 @@ def check_sinusoidal_encoding(c: Checker, encoding: Callable[[int, int], Any]) -
 # ---------------------------------------------------------------- Extend: RoPE weights from the half-split layout
 
 
-def _to_interleaved(w: Tensor, n_heads: int) -> Tensor:
-    """The right answer: per head, rows (i, i + d_head/2) of the half-split layout become rows (2i, 2i + 1)."""
-    d_head = w.shape[0] // n_heads
-    return w.reshape(n_heads, 2, d_head // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
-
-
-def _to_half_split(w: Tensor, n_heads: int) -> Tensor:
-    # the conversion the other way (Hugging Face's `permute` in convert_llama_weights_to_hf.py)
-    d_head = w.shape[0] // n_heads
-    return w.reshape(n_heads, d_head // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
-
-
-def _whole_matrix(w: Tensor, n_heads: int) -> Tensor:
-    # the permutation over all d_model rows at once, as if there were one head
-    return _to_interleaved(w, 1)
-
-
-def _columns(w: Tensor, n_heads: int) -> Tensor:
-    # the input dimensions permuted instead of the output ones (a bias has none: this bug does not apply)
-    if w.dim() != 2 or w.shape[1] % (2 * n_heads):
-        raise ValueError("no columns to permute")
-    return _to_interleaved(w.T, n_heads).T
+def _convert(w: Tensor, n_heads: int, *, bug: str = "") -> Tensor:
+    """Half-split rows to interleaved ones: per head, rows (i, i + d_head/2) become rows (2i, 2i + 1); or a wrong
+    conversion of :data:`_ROPE_BUGS`: "the other way" (Hugging Face's `permute` in convert_llama_weights_to_hf.py),
+    "whole matrix" (all d_model rows as one head), "columns" (the input dimensions; a bias has none), "unchanged".
+    """
+    if bug == "unchanged":
+        return w
+    if bug == "columns":
+        if w.dim() != 2 or w.shape[1] % (2 * n_heads):
+            raise ValueError("no columns to permute")
+        return _convert(w.T, n_heads).T
+    n = 1 if bug == "whole matrix" else n_heads
+    d_head = w.shape[0] // n
+    split = (n, d_head // 2, 2) if bug == "the other way" else (n, 2, d_head // 2)
+    return w.reshape(*split, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
 def _rope_half_split(x: Tensor, base: float = 10000.0) -> Tensor:
@@ -167,31 +134,17 @@ def _rope_scores(x: Tensor, q: tuple[Tensor, Tensor], k: tuple[Tensor, Tensor], 
     return rope(q_heads) @ rope(k_heads).transpose(-2, -1)
 
 
-def _permutation_bugs(fn: Callable[[Callable[[Tensor, int], Tensor]], Tensor]) -> tuple[Bug, ...]:
-    """The wrong conversions, each applied by ``fn(convert)`` the way the case applies the answer."""
-    return (
-        Bug(
-            lambda: fn(_to_half_split),
-            "that is the conversion the other way, interleaved to halves (Hugging Face's `permute` for Meta's "
-            "checkpoints). Here row i of a head's first half and row i of its second half must become rows 2i and "
-            "2i + 1: view each head's rows as (2, d_head/2), transpose to (d_head/2, 2), flatten.",
-        ),
-        Bug(
-            lambda: fn(_whole_matrix),
-            "you interleave the two halves of all d_model rows at once. Each head has its own pairs (i, i + "
-            "d_head/2): reorder the rows inside every head, with a leading n_heads axis.",
-        ),
-        Bug(
-            lambda: fn(_columns),
-            "you reorder the columns. nn.Linear stores its weight as (out, in): the output dimensions, which "
-            "RoPE rotates, are the rows (the first axis).",
-        ),
-        Bug(
-            lambda: fn(lambda w, n_heads: w),
-            "the weights are unchanged: the two layouts pair different dimensions, so the same weights give "
-            "different scores (the chapter measured it).",
-        ),
-    )
+_ROPE_BUGS = {  # bug -> hint, for _convert(..., bug=bug)
+    "the other way": "that is the conversion the other way, interleaved to halves (Hugging Face's `permute` for "
+    "Meta's checkpoints). Here row i of a head's first half and row i of its second half must become rows 2i and "
+    "2i + 1: view each head's rows as (2, d_head/2), transpose to (d_head/2, 2), flatten.",
+    "whole matrix": "you interleave the two halves of all d_model rows at once. Each head has its own pairs (i, i + "
+    "d_head/2): reorder the rows inside every head, with a leading n_heads axis.",
+    "columns": "you reorder the columns. nn.Linear stores its weight as (out, in): the output dimensions, which "
+    "RoPE rotates, are the rows (the first axis).",
+    "unchanged": "the weights are unchanged: the two layouts pair different dimensions, so the same weights give "
+    "different scores (the chapter measured it).",
+}
 
 
 @checker
@@ -213,8 +166,8 @@ def check_rope_permutation(c: Checker, to_interleaved: Callable[[Tensor, int], T
         c.case(
             name,
             lambda w, n_heads: to_interleaved(w, n_heads),
-            _to_interleaved(w, n_heads),
-            bugs=_permutation_bugs(lambda convert, w=w, n=n_heads: convert(w, n)),
+            _convert(w, n_heads),
+            bugs=bug_table(_ROPE_BUGS, _convert, w, n_heads),
             hint="per head, the half-split rows are (x_0 .. x_{d/2-1}, y_0 .. y_{d/2-1}) and the interleaved ones "
             "(x_0, y_0, x_1, y_1, ...): w.reshape(n_heads, 2, d_head // 2, ...).transpose(1, 2).reshape(w.shape).",
             inputs={"w": w, "n_heads": n_heads},
@@ -231,11 +184,14 @@ def check_rope_permutation(c: Checker, to_interleaved: Callable[[Tensor, int], T
         k = (convert(wk, n_heads), convert(bk, n_heads))
         return _rope_scores(x, q, k, n_heads, rotary)
 
+    def wrong_scores(*, bug: str) -> Tensor:
+        return interleaved_scores(functools.partial(_convert, bug=bug))
+
     c.case(
         f"scores of {n_heads} heads (d_head={d_head}) with the library's RotaryEmbedding == the half-split model's",
         lambda wq, bq, wk, bk: interleaved_scores(to_interleaved, wq, bq, wk, bk),
         _rope_scores(x, (wq, bq), (wk, bk), n_heads, _rope_half_split),
-        bugs=_permutation_bugs(interleaved_scores),
+        bugs=bug_table(_ROPE_BUGS, wrong_scores),
         hint="convert the weights AND the biases of both projections, each head's rows separately.",
         atol=1e-4,
         inputs={"wq": wq, "bq": bq, "wk": wk, "bk": bk},
@@ -286,15 +242,11 @@ def check_alibi_share(c: Checker, prediction: tuple[float, float]) -> None:
                 "endless sequence of keys.",
             ),
         )
-        told_apart: list[tuple[float, str]] = []  # only the mistakes a prediction within the tolerance can tell apart
-        for value, why in mistakes:
-            if all(abs(value - other) > atol for other in (expected, *(v for v, _ in told_apart))):
-                told_apart.append((value, why))
         c.case(
             f"head {head}, slope 1/{round(1 / s)}: share on the last {last} of {T} keys",
             lambda i=i: prediction[i],
             expected,
-            bugs=tuple(Bug(lambda value=value: value, why) for value, why in told_apart),
+            bugs=tuple(Bug(lambda value=value: value, why) for value, why in mistakes),
             hint=f"the weights are proportional to e^(-s d) for the key d = 0 .. {T - 1} positions back, a "
             f"geometric series with ratio r = e^(-s): the last {last} keys hold (1 - r^{last}) / (1 - r^{T}).",
             error_hint=two_numbers,
@@ -309,25 +261,37 @@ def _powers(n: int) -> list[float]:
     return [2.0 ** (-8.0 * (h + 1) / n) for h in range(n)]
 
 
-def _alibi_variant(
-    n_heads: int, T_q: int, T_k: int, slopes: str = "paper", offset: bool = True, sign: float = 1.0, causal=False
-) -> Tensor:
-    """ALiBi's bias and its wrong versions (for the checker's bug list). Shapes: -> (n_heads, T_q, T_k)."""
+def _alibi(n_heads: int, T_q: int, T_k: int, *, bug: str = "") -> Tensor:
+    """ALiBi's bias, or one of its wrong versions (:data:`_ALIBI_BUGS`). Shapes: -> (n_heads, T_q, T_k)."""
     closest = 2 ** math.floor(math.log2(n_heads))
     extra = n_heads - closest
-    s = {
-        "paper": lambda: _powers(closest) + _powers(2 * closest)[0::2][:extra],
+    slopes = {
         "geometric": lambda: _powers(n_heads),
         "first": lambda: _powers(closest) + _powers(2 * closest)[:extra],
         "odd": lambda: _powers(closest) + _powers(2 * closest)[1::2][:extra],
         "eight": lambda: [2.0 ** -(h + 1) for h in range(n_heads)],
-    }[slopes]()
-    i = torch.arange(T_k - T_q if offset else 0, (T_k - T_q if offset else 0) + T_q)[:, None]  # query positions
+    }.get(bug, lambda: _powers(closest) + _powers(2 * closest)[0::2][:extra])()  # the paper's
+    offset = 0 if bug == "no offset" else T_k - T_q
+    i = torch.arange(offset, offset + T_q)[:, None]  # query positions
     j = torch.arange(T_k)[None, :]  # key positions
-    bias = -sign * torch.tensor(s)[:, None, None] * (i - j)
-    if causal:
-        bias = bias.masked_fill(j > i, -math.inf)
-    return bias
+    bias = (1.0 if bug == "sign" else -1.0) * torch.tensor(slopes)[:, None, None] * (i - j)
+    return bias.masked_fill(j > i, -math.inf) if bug == "causal" else bias
+
+
+_ALIBI_BUGS = {  # bug -> hint, for _alibi(..., bug=bug)
+    "geometric": "2^(-8 (h+1) / n) for every n is the rule for a power of two only. For other head counts the "
+    "paper takes the slopes of the closest smaller power of two n', then every other slope of the "
+    "sequence for 2 n' for the heads left.",
+    "first": "the heads beyond n' take EVERY OTHER slope of the 2 n' sequence ([0::2]), the ones that fall "
+    "between the first n' slopes, not its first n - n' slopes.",
+    "odd": "[1::2] of the 2 n' sequence are the n' slopes again (duplicates); the new ones are [0::2].",
+    "eight": "2^-(h+1) are the slopes of 8 heads; for n heads the ratio between slopes is 2^(-8/n).",
+    "no offset": "the queries are the newest T_q positions, i = T_k - T_q + t, not 0 .. T_q - 1: with a cache "
+    "the new query comes after every cached key.",
+    "sign": "the bias is a penalty: -s_h (i - j), negative for keys in the past.",
+    "causal": "return the bias alone: the entries with j > i stay -s_h (i - j) (positive); the causal mask "
+    "hides them separately.",
+}
 
 
 @checker
@@ -338,7 +302,6 @@ def check_alibi(c: Checker, alibi: Callable[[int, int, int], Tensor]) -> None:
 
     Shapes: returns (n_heads, T_q, T_k).
     """
-    v = _alibi_variant
     for name, n_heads, T_q, T_k in (
         ("8 heads, T_q = T_k = 5 (the chapter's table)", 8, 5, 5),
         ("6 heads: not a power of two", 6, 4, 4),
@@ -349,41 +312,7 @@ def check_alibi(c: Checker, alibi: Callable[[int, int, int], Tensor]) -> None:
             name,
             lambda h=n_heads, q=T_q, k=T_k: alibi(h, q, k),
             alibi_bias(alibi_slopes(n_heads), T_q, T_k, offset=T_k - T_q),
-            bugs=(
-                Bug(
-                    lambda a=(n_heads, T_q, T_k): v(*a, slopes="geometric"),
-                    "2^(-8 (h+1) / n) for every n is the rule for a power of two only. For other head counts the "
-                    "paper takes the slopes of the closest smaller power of two n', then every other slope of the "
-                    "sequence for 2 n' for the heads left.",
-                ),
-                Bug(
-                    lambda a=(n_heads, T_q, T_k): v(*a, slopes="first"),
-                    "the heads beyond n' take EVERY OTHER slope of the 2 n' sequence ([0::2]), the ones that fall "
-                    "between the first n' slopes, not its first n - n' slopes.",
-                ),
-                Bug(
-                    lambda a=(n_heads, T_q, T_k): v(*a, slopes="odd"),
-                    "[1::2] of the 2 n' sequence are the n' slopes again (duplicates); the new ones are [0::2].",
-                ),
-                Bug(
-                    lambda a=(n_heads, T_q, T_k): v(*a, slopes="eight"),
-                    "2^-(h+1) are the slopes of 8 heads; for n heads the ratio between slopes is 2^(-8/n).",
-                ),
-                Bug(
-                    lambda a=(n_heads, T_q, T_k): v(*a, offset=False),
-                    "the queries are the newest T_q positions, i = T_k - T_q + t, not 0 .. T_q - 1: with a cache "
-                    "the new query comes after every cached key.",
-                ),
-                Bug(
-                    lambda a=(n_heads, T_q, T_k): v(*a, sign=-1.0),
-                    "the bias is a penalty: -s_h (i - j), negative for keys in the past.",
-                ),
-                Bug(
-                    lambda a=(n_heads, T_q, T_k): v(*a, causal=True),
-                    "return the bias alone: the entries with j > i stay -s_h (i - j) (positive); the causal mask "
-                    "hides them separately.",
-                ),
-            ),
+            bugs=bug_table(_ALIBI_BUGS, _alibi, n_heads, T_q, T_k),
             hint="slopes: for n' = 2^floor(log2 n), [2^(-8 (h+1) / n') for h < n'] plus [2^(-8 (h+1) / (2 n'))] "
             "[0::2][: n - n']; i = arange(T_k - T_q, T_k)[:, None], j = arange(T_k)[None, :]; "
             "bias = -slopes[:, None, None] * (i - j).",

@@ -6,6 +6,7 @@ micro-batches, a loss-scaled step with clipping, and attention split over proces
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -17,7 +18,7 @@ from torch import Tensor, nn
 from ...attention import MultiHeadAttention
 from ...memory import adamw_bytes_per_parameter
 from ...models import GPT, GPTConfig
-from ._framework import Bug, Checker, checker
+from ._framework import Bug, Checker, bug_table, checker
 
 __all__ = ["check_amp_state_bytes", "check_accumulate", "check_scaled_step", "check_attention_shard"]
 
@@ -90,27 +91,27 @@ def check_amp_state_bytes(c: Checker, prediction: float) -> None:
 # --------------------------------------------------------------------------- gradient accumulation with ignored targets
 
 
-def _accumulate(model: nn.Module, micro_batches: list[tuple[Tensor, Tensor]], *, rule: str = "tokens") -> None:
+def _accumulate(model: nn.Module, micro_batches: list[tuple[Tensor, Tensor]], *, bug: str = "") -> None:
     """Accumulate the gradient of the batch's mean loss over its micro-batches, or one of the classic bugs.
 
-    ``rule="tokens"`` weights each micro-batch's mean loss by its share of the batch's target tokens (right);
-    ``"k"`` divides each by the number of micro-batches; ``"none"`` adds the means; ``"positions"`` weights by
-    the share of positions, ignored ones included; ``"last"`` zeroes the gradients before each micro-batch.
+    Right, each micro-batch's mean loss is weighted by its share of the batch's target tokens. ``bug="k"`` divides
+    each by the number of micro-batches; ``"none"`` adds the means; ``"positions"`` weights by the share of
+    positions, ignored ones included; ``"last"`` zeroes the gradients before each micro-batch.
     """
     k = len(micro_batches)
     n_targets = sum(int((y != IGNORE).sum()) for _, y in micro_batches)
     n_positions = sum(y.numel() for _, y in micro_batches)
     for x, y in micro_batches:
-        if rule == "last":
+        if bug == "last":
             model.zero_grad()
         loss = model(x, y)[1]
         weight = {
-            "tokens": int((y != IGNORE).sum()) / n_targets,
+            "": int((y != IGNORE).sum()) / n_targets,
             "k": 1 / k,
             "none": 1.0,
             "positions": y.numel() / n_positions,
             "last": 1 / k,
-        }[rule]
+        }[bug]
         (loss * weight).backward()
 
 
@@ -141,6 +142,30 @@ def _grads_after(accumulate: Callable[..., Any], model: nn.Module, micro_batches
     return _flat_grads(model)
 
 
+def _grads_with_bug(seed: int, micro_batches: list, *, bug: str) -> Tensor:
+    return _grads_after(functools.partial(_accumulate, bug=bug), _tiny_gpt(seed), micro_batches)
+
+
+_ACCUMULATE_CASES = (  # (name, the micro-batches' numbers of sequences, their numbers of ignored targets)
+    ("2 micro-batches of 2 sequences, no ignored targets", (2, 2), (0, 0)),
+    ("2 micro-batches, the second one's last 6 targets ignored (padding)", (2, 2), (0, 6)),
+    ("3 micro-batches with 0, 3 and 7 ignored targets per sequence", (2, 2, 2), (0, 3, 7)),
+    ("micro-batches of 3 and 1 sequences, no ignored targets", (3, 1), (0, 0)),
+    ("micro-batches of 3 and 1 sequences, the first one's last 4 targets ignored", (3, 1), (4, 0)),
+)
+_ACCUMULATE_BUGS = {  # bug -> hint, for _accumulate(..., bug=bug)
+    "k": "dividing each micro-batch's loss by k is right only when every micro-batch has the same number of "
+    "target tokens. Each loss is a mean over its own targets: weight it by its share of the whole batch's "
+    "targets, n_i / N with n_i = (y != -100).sum().",
+    "none": "the gradients add up over the micro-batches: without scaling each loss you get the sum of k means, "
+    "about k times the gradient of the batch's mean.",
+    "positions": "count only the target tokens that enter the loss, (y != -100).sum(), not every position: the "
+    "ignored ones contribute nothing to the mean.",
+    "last": "the gradients of the micro-batches must add up: don't zero them between micro-batches (only once, "
+    "before the first).",
+}
+
+
 @checker
 def check_accumulate(c: Checker, accumulate: Callable[[nn.Module, list], Any]) -> None:
     """Check ``accumulate(model, micro_batches)``: after it, the gradients of ``model`` (a ``GPT``, whose loss is the
@@ -149,43 +174,16 @@ def check_accumulate(c: Checker, accumulate: Callable[[nn.Module, list], Any]) -
 
     Shapes: micro_batches a list of (x, y), each (B_i, T) token ids; y is -100 where a target is ignored.
     """
-    cases = (
-        ("2 micro-batches of 2 sequences, no ignored targets", (2, 2), (0, 0)),
-        ("2 micro-batches, the second one's last 6 targets ignored (padding)", (2, 2), (0, 6)),
-        ("3 micro-batches with 0, 3 and 7 ignored targets per sequence", (2, 2, 2), (0, 3, 7)),
-        ("micro-batches of 3 and 1 sequences, no ignored targets", (3, 1), (0, 0)),
-        ("micro-batches of 3 and 1 sequences, the first one's last 4 targets ignored", (3, 1), (4, 0)),
-    )
-    hints = {
-        "k": "dividing each micro-batch's loss by k is right only when every micro-batch has the same number of "
-        "target tokens. Each loss is a mean over its own targets: weight it by its share of the whole batch's "
-        "targets, n_i / N with n_i = (y != -100).sum().",
-        "none": "the gradients add up over the micro-batches: without scaling each loss you get the sum of k means, "
-        "about k times the gradient of the batch's mean.",
-        "positions": "count only the target tokens that enter the loss, (y != -100).sum(), not every position: the "
-        "ignored ones contribute nothing to the mean.",
-        "last": "the gradients of the micro-batches must add up: don't zero them between micro-batches (only once, "
-        "before the first).",
-    }
-    for i, (name, sizes, ignored) in enumerate(cases):
+    for i, (name, sizes, ignored) in enumerate(_ACCUMULATE_CASES):
         micro = _micro_batches(sizes, ignored, seed=i)
-        model = _tiny_gpt(seed=i)
-        expected = _whole_batch_grads(_tiny_gpt(seed=i), micro)
-        bugs = tuple(
-            Bug(
-                lambda r=rule, s=i, mb=micro: _grads_after(lambda a, b: _accumulate(a, b, rule=r), _tiny_gpt(s), mb),
-                hint,
-            )
-            for rule, hint in hints.items()
-        )
         c.case(
             name,
             lambda model, micro_batches: _grads_after(accumulate, model, micro_batches),
-            expected,
-            bugs=bugs,
+            _whole_batch_grads(_tiny_gpt(seed=i), micro),
+            bugs=bug_table(_ACCUMULATE_BUGS, _grads_with_bug, i, micro),
             hint="the batch's mean loss is (sum of every target token's loss) / N, N the number of targets that are "
             "not -100 in the whole batch: backpropagate loss_i * n_i / N for micro-batch i, n_i its own count.",
-            inputs={"model": model, "micro_batches": micro},
+            inputs={"model": _tiny_gpt(seed=i), "micro_batches": micro},
         )
 
 
@@ -262,6 +260,29 @@ def _run_steps(step: Callable[..., Any], init_scale: float, n_steps: int, max_no
     return _flat_weights(model), float(scaler.get_scale())
 
 
+def _steps_with_bug(init_scale: float, n_steps: int, max_norm: float, *, bug: str) -> tuple[Tensor, float]:
+    return _nan_to_zero(_run_steps(functools.partial(_scaled_step, bug=bug), init_scale, n_steps, max_norm))
+
+
+_SCALED_STEP_CASES = (  # (name, the scaler's initial scale, the number of steps, max_norm)
+    ("1 step at scale 2**12, max_norm 5 (above the gradient's norm: no clipping)", 2.0**12, 1, 5.0),
+    ("3 steps at scale 2**12, max_norm 0.1 (clipping)", 2.0**12, 3, 0.1),
+    ("3 steps at scale 2**8, max_norm 5", 2.0**8, 3, 5.0),
+    ("2 steps from scale 2**40: the first overflows and is skipped", 2.0**40, 2, 0.1),
+)
+_SCALED_STEP_BUGS = {  # bug -> hint, for _scaled_step(..., bug=bug)
+    "clip_scaled": "you clip the *scaled* gradients: their norm is the true norm times the scale, "
+    "so clipping cuts them far too much, and scaler.step then divides them by the scale. Call "
+    "scaler.unscale_(optimizer) before clip_grad_norm_, so that max_norm applies to the true gradients.",
+    "no_clip": "clip the unscaled gradients: scaler.unscale_(optimizer), then "
+    "torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm), then scaler.step(optimizer).",
+    "twice": "dividing the gradients by scaler.get_scale() yourself leaves the scaler unaware: scaler.step "
+    "divides them again. scaler.unscale_(optimizer) unscales once and records it.",
+    "plain_step": "step with scaler.step(optimizer), not optimizer.step(): it skips the step when a gradient "
+    "overflowed (inf or NaN), instead of writing NaN into the weights.",
+}
+
+
 @checker
 def check_scaled_step(c: Checker, scaled_step: Callable[..., Any]) -> None:
     """Check ``scaled_step(model, optimizer, scaler, x, y, max_norm)``: one training step of ``model`` (a ``GPT``)
@@ -272,39 +293,12 @@ def check_scaled_step(c: Checker, scaled_step: Callable[..., Any]) -> None:
     The checker runs a few steps on a fresh model, AdamW and GradScaler, and compares the weights and the scale
     with the right step's. Shapes: x, y (B, T) token ids.
     """
-    cases = (
-        ("1 step at scale 2**12, max_norm 5 (above the gradient's norm: no clipping)", 2.0**12, 1, 5.0),
-        ("3 steps at scale 2**12, max_norm 0.1 (clipping)", 2.0**12, 3, 0.1),
-        ("3 steps at scale 2**8, max_norm 5", 2.0**8, 3, 5.0),
-        ("2 steps from scale 2**40: the first overflows and is skipped", 2.0**40, 2, 0.1),
-    )
-    hints = {
-        "clip_scaled": "you clip the *scaled* gradients: their norm is the true norm times the scale, "
-        "so clipping cuts them far too much, and scaler.step then divides them by the scale. Call "
-        "scaler.unscale_(optimizer) before clip_grad_norm_, so that max_norm applies to the true gradients.",
-        "no_clip": "clip the unscaled gradients: scaler.unscale_(optimizer), then "
-        "torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm), then scaler.step(optimizer).",
-        "twice": "dividing the gradients by scaler.get_scale() yourself leaves the scaler unaware: scaler.step "
-        "divides them again. scaler.unscale_(optimizer) unscales once and records it.",
-        "plain_step": "step with scaler.step(optimizer), not optimizer.step(): it skips the step when a gradient "
-        "overflowed (inf or NaN), instead of writing NaN into the weights.",
-    }
-    for name, init_scale, n_steps, max_norm in cases:
-        expected = _run_steps(_scaled_step, init_scale, n_steps, max_norm)
-        bugs = tuple(
-            Bug(
-                lambda b=bug, s=init_scale, n=n_steps, m=max_norm: _nan_to_zero(
-                    _run_steps(lambda *args: _scaled_step(*args, bug=b), s, n, m)
-                ),
-                hint,
-            )
-            for bug, hint in hints.items()
-        )
+    for name, init_scale, n_steps, max_norm in _SCALED_STEP_CASES:
         c.case(
             name,
             lambda s=init_scale, n=n_steps, m=max_norm: _run_steps(scaled_step, s, n, m),
-            expected,
-            bugs=bugs,
+            _run_steps(_scaled_step, init_scale, n_steps, max_norm),
+            bugs=bug_table(_SCALED_STEP_BUGS, _steps_with_bug, init_scale, n_steps, max_norm),
             hint="zero the gradients; the forward pass under autocast; scaler.scale(loss).backward(); "
             "scaler.unscale_(optimizer); clip; scaler.step(optimizer); scaler.update().",
             error_hint=_scaler_error_hint,
@@ -361,6 +355,26 @@ def _all_shards(shard: Callable[..., Tensor], attn: MultiHeadAttention, x: Tenso
     return torch.stack([shard(attn, x, rank, world_size) for rank in range(world_size)])
 
 
+def _shards_with_bug(attn: MultiHeadAttention, x: Tensor, world_size: int, *, bug: str) -> Tensor:
+    return _all_shards(functools.partial(_attention_shard, bug=bug), attn, x, world_size)
+
+
+_SHARD_CASES = (  # (name, n_heads, world_size)
+    ("4 heads over 1 process", 4, 1),
+    ("4 heads over 2 processes", 4, 2),
+    ("4 heads over 4 processes: one head each", 4, 4),
+    ("6 heads over 3 processes, B=1", 6, 3),
+)
+_SHARD_BUGS = {  # bug -> hint, for _attention_shard(..., bug=bug)
+    "bias": "out_proj's bias belongs to the sum, not to each share: with it in every share, the all-reduce "
+    "adds it world_size times. Leave it out; it is added once after the sum.",
+    "no_mask": "this is causal self-attention: pass is_causal=True (or a causal mask) to the attention.",
+    "interleaved": "process r holds a contiguous block of heads, r * n_heads / world_size onwards, not every "
+    "world_size-th head (the sum is the same, but each process's weights are the wrong slices).",
+    "d_model": "each head scales its scores by 1/sqrt(d_head), the size of one head, not 1/sqrt(d_model).",
+}
+
+
 @checker
 def check_attention_shard(
     c: Checker, attention_shard: Callable[[MultiHeadAttention, Tensor, int, int], Tensor]
@@ -374,41 +388,16 @@ def check_attention_shard(
 
     Shapes: x (B, T, d_model) -> (B, T, d_model).
     """
-    cases = (
-        ("4 heads over 1 process", 4, 1),
-        ("4 heads over 2 processes", 4, 2),
-        ("4 heads over 4 processes: one head each", 4, 4),
-        ("6 heads over 3 processes, B=1", 6, 3),
-    )
-    hints = {
-        "bias": "out_proj's bias belongs to the sum, not to each share: with it in every share, the all-reduce "
-        "adds it world_size times. Leave it out; it is added once after the sum.",
-        "no_mask": "this is causal self-attention: pass is_causal=True (or a causal mask) to the attention.",
-        "interleaved": "process r holds a contiguous block of heads, r * n_heads / world_size onwards, not every "
-        "world_size-th head (the sum is the same, but each process's weights are the wrong slices).",
-        "d_model": "each head scales its scores by 1/sqrt(d_head), the size of one head, not 1/sqrt(d_model).",
-    }
-    for i, (name, n_heads, world_size) in enumerate(cases):
+    for i, (name, n_heads, world_size) in enumerate(_SHARD_CASES):
         torch.manual_seed(i)
         d_model = 4 * n_heads
         attn = MultiHeadAttention(d_model, n_heads, bias=True)
         x = torch.randn(1 if "B=1" in name else 2, 5, d_model)
-        expected = _all_shards(_attention_shard, attn, x, world_size)
-        bugs = tuple(
-            Bug(
-                lambda b=bug, a=attn, xx=x, w=world_size: _all_shards(
-                    lambda *args: _attention_shard(*args, bug=b), a, xx, w
-                ),
-                hint,
-            )
-            for bug, hint in hints.items()
-            if not (bug == "interleaved" and world_size in (1, n_heads))  # the same split there
-        )
         c.case(
             name,
             lambda attn, x, w=world_size: _all_shards(attention_shard, attn, x, w),
-            expected,
-            bugs=bugs,
+            _all_shards(_attention_shard, attn, x, world_size),
+            bugs=bug_table(_SHARD_BUGS, _shards_with_bug, attn, x, world_size),
             hint="take the rows h * d_head ... (h + 1) * d_head - 1 of q_proj/k_proj/v_proj's weight and bias for each "
             "of your heads h, attend causally within those heads, merge them, and multiply by the same columns of "
             "out_proj.weight (out_proj.weight[:, features].T), without the bias.",
