@@ -197,6 +197,23 @@ def test_best_time_warms_up_then_keeps_the_fastest_run(monkeypatch):
         utils.best_time(work, repeats=0)
 
 
+def test_num_threads_sets_the_count_inside_and_restores_the_callers_even_after_an_error():
+    from transformer_lib.utils import num_threads
+
+    before = torch.get_num_threads()
+    other = 1 if before != 1 else 2
+    with pytest.raises(KeyError):
+        with num_threads(other):
+            assert torch.get_num_threads() == other
+            raise KeyError("inside")
+    assert torch.get_num_threads() == before
+    for bad in (0, 1.5, True):
+        with pytest.raises(ValueError, match=f"n must be a positive int, got {bad!r}"):
+            with num_threads(bad):
+                pass
+    assert torch.get_num_threads() == before
+
+
 def test_train_step_flops_counts_every_product_of_forward_and_backward():
     """The count by hand: each linear's 2 M K N forward and twice that backward (input and weight
     gradients), the tied head with no separate embedding product. The CPU's fused attention kernel is

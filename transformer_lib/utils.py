@@ -92,3 +92,22 @@ def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
         yield model
     finally:
         model.train(was_training)
+
+
+@contextmanager
+def num_threads(n: int) -> Iterator[None]:
+    """Run a block with PyTorch on ``n`` CPU threads, then restore the caller's number.
+
+    Matrices of a chapter's size gain little from a second thread, and lose much when another
+    process keeps a core busy: timings and small trainings run on one.
+
+    Defined in chapter 3, Multi-head attention.
+    """
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"n must be a positive int, got {n!r}")
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
