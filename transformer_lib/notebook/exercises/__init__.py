@@ -3,11 +3,11 @@
 Each ``check_<name>(student_answer)`` runs hidden cases (shapes, equality with the
 library, leak checks), prints friendly feedback (which case failed, expected vs got,
 a hint) and returns a :class:`CheckResult`. A wrong answer never crashes a checker: an
-exception, a sparse result or one on another device becomes feedback. A case hands the
-answer copies of its inputs and fails an answer that changes them in place; it waits at
-most ``_framework.CASE_TIMEOUT_SECONDS`` (10 s) for the answer, so an infinite loop fails
-the case instead of hanging the notebook. A checker leaves the reader's random streams
-(torch, ``random``, NumPy) as it found them.
+exception (even ``sys.exit()``), a sparse result or one on another device becomes
+feedback. A case hands the answer copies of its inputs and fails an answer that changes
+them in place; it waits at most ``_framework.CASE_TIMEOUT_SECONDS`` (10 s) for the answer,
+so an infinite loop fails the case instead of hanging the notebook. A checker leaves the
+reader's random streams (torch, ``random``, NumPy) as it found them.
 When a case fails, the checker compares the answer with the classic bugs that popular
 tutorials ship (a softmax normalised over the wrong axis or by the whole tensor's maximum, a
 mask with PyTorch's "True = blocked" polarity or padding on the query axis, the batch mixed
@@ -20,7 +20,8 @@ An answer still as the starter cell left it gets "not answered yet"; ``@checker(
 checks a prediction (a number) instead of a function; every call is recorded for the grader
 (:mod:`transformer_lib.notebook.grade`). :mod:`.catalogue` lists every chapter's exercises.
 
-- ``_framework``: :class:`CheckResult`, :class:`Bug`, the case runner :class:`Checker` and ``@checker``
+- ``_framework``: :class:`CheckResult`, :class:`Bug` and :func:`bug_table` (a checker's known bugs, from a
+  ``{bug: hint}`` table), the case runner :class:`Checker` and ``@checker``; CONTRIBUTING.md shows how to write one
 - ``ch01_attention``: ``check_softmax``, ``check_score_std``, ``check_distance_attention``
 - ``ch02_masking``: ``check_decoder_mask``, ``check_cheating_positions``, ``check_packed_mask``
 - ``ch03_multi_head_attention``: ``check_split_heads``, ``check_multi_head_attention``, ``check_attention_crossover``
@@ -37,7 +38,7 @@ checks a prediction (a number) instead of a function; every call is recorded for
   ``check_accepted_tokens``
 """
 
-from ._framework import Bug, Checker, CheckResult, checker
+from ._framework import Bug, Checker, CheckResult, bug_table, checker
 from .ch01_attention import check_distance_attention, check_score_std, check_softmax
 from .ch02_masking import check_cheating_positions, check_decoder_mask, check_packed_mask
 from .ch03_multi_head_attention import check_attention_crossover, check_multi_head_attention, check_split_heads
@@ -72,6 +73,7 @@ __all__ = [
     "Bug",
     "Checker",
     "CheckResult",
+    "bug_table",
     "checker",
     "check_softmax",
     "check_score_std",

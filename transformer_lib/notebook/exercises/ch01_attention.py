@@ -11,7 +11,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from ._framework import Bug, Checker, checker, line_that_raised, uses_dot_T
+from ._framework import Bug, Checker, bug_table, checker, line_that_raised, uses_dot_T
 
 __all__ = ["check_softmax", "check_score_std", "check_distance_attention"]
 
@@ -19,50 +19,45 @@ __all__ = ["check_softmax", "check_score_std", "check_distance_attention"]
 # ---------------------------------------------------------------- Spot the bug: a much-copied softmax
 
 
-def _no_nan(x: Tensor) -> Tensor:
-    """``x`` with NaN as 0: the case runner compares an answer, its NaN made 0, with each bug's value."""
-    return x.nan_to_num(0.0, posinf=float("inf"), neginf=float("-inf"))
+def _wrong_softmax(x: Tensor, *, bug: str) -> Tensor:
+    """The snippet's softmax with some of its bugs (:data:`_SOFTMAX_BUGS`): "no max" subtracted or the "whole
+    max" of the tensor; the sum over "axis 0" or over "all" entries; or "no keepdim". NaN reads as 0, as the case
+    runner reads the answer."""
+    if bug == "no max":
+        e = x.exp()
+    elif bug.startswith("whole max"):
+        e = (x - x.max()).exp()
+    else:
+        e = (x - x.max(dim=-1, keepdim=True).values).exp()
+    if bug == "no keepdim":
+        return e / e.sum(dim=-1)
+    if bug.endswith("axis 0"):
+        e = e / e.sum(dim=0, keepdim=True)
+    else:
+        e = e / (e.sum() if bug.endswith("all") else e.sum(dim=-1, keepdim=True))
+    return e.nan_to_num(0.0, posinf=float("inf"), neginf=float("-inf"))
 
 
-def _softmax_bugs(x: Tensor) -> tuple[Bug, ...]:
-    """The snippet's two bugs (a global maximum, the sum over axis 0), together and alone, and their cousins."""
-
-    def normalised(e: Tensor, dim: int | None) -> Tensor:
-        return _no_nan(e / (e.sum() if dim is None else e.sum(dim=dim, keepdim=True)))
-
-    global_max, row_max = (x - x.max()).exp(), (x - x.max(dim=-1, keepdim=True).values).exp()
-    overflow = (
-        "exp of a large score overflows to inf, and inf / inf is NaN: subtract each row's maximum first "
-        "(softmax is unchanged by adding the same constant to every score of a row)."
-    )
-    axis = (
-        "the sum runs over axis 0, which fits scores stored one example per column: each COLUMN sums to 1; "
-        "each query's weights over the keys, the last axis, must sum to 1: e.sum(dim=-1, keepdim=True)"
-    )
-    everything = "e.sum() adds every entry; each row must sum to 1: e.sum(dim=-1, keepdim=True)"
-    maximum = (
-        "scores.max() is the maximum of the WHOLE tensor: a row far below it underflows to exp(...) = 0 "
-        "everywhere, and 0 / 0 is NaN; subtract each row's own maximum, scores.max(dim=-1, keepdim=True).values"
-    )
-    bugs = [Bug(lambda: normalised(x.exp(), -1), overflow)]
-    if x.dim() > 1:
-        bugs.append(Bug(lambda: normalised(global_max, 0), f"Two bugs: {axis}; and {maximum}."))
-    bugs.append(Bug(lambda: normalised(global_max, -1), maximum + "."))
-    if x.dim() > 1:
-        bugs += [
-            Bug(lambda: normalised(global_max, None), f"Two bugs: {everything}; and {maximum}."),
-            Bug(lambda: normalised(row_max, 0), axis + "."),
-            Bug(lambda: normalised(row_max, None), everything + "."),
-        ]
-    if x.dim() > 1 and x.shape[-1] == x.shape[-2]:
-        bugs.append(
-            Bug(
-                lambda: row_max / row_max.sum(dim=-1),
-                "without keepdim=True the row sums, shape (..., T_q), broadcast along the LAST axis: key j is "
-                "divided by row j's sum. Keep the axis: e.sum(dim=-1, keepdim=True).",
-            )
-        )
-    return tuple(bugs)
+_AXIS = (
+    "the sum runs over axis 0, which fits scores stored one example per column: each COLUMN sums to 1; "
+    "each query's weights over the keys, the last axis, must sum to 1: e.sum(dim=-1, keepdim=True)"
+)
+_EVERYTHING = "e.sum() adds every entry; each row must sum to 1: e.sum(dim=-1, keepdim=True)"
+_MAXIMUM = (
+    "scores.max() is the maximum of the WHOLE tensor: a row far below it underflows to exp(...) = 0 "
+    "everywhere, and 0 / 0 is NaN; subtract each row's own maximum, scores.max(dim=-1, keepdim=True).values"
+)
+_SOFTMAX_BUGS = {  # bug -> hint, for _wrong_softmax(..., bug=bug): the snippet's two bugs, alone and together
+    "no max": "exp of a large score overflows to inf, and inf / inf is NaN: subtract each row's maximum first "
+    "(softmax is unchanged by adding the same constant to every score of a row).",
+    "whole max, axis 0": f"Two bugs: {_AXIS}; and {_MAXIMUM}.",
+    "whole max": _MAXIMUM + ".",
+    "whole max, all": f"Two bugs: {_EVERYTHING}; and {_MAXIMUM}.",
+    "axis 0": _AXIS + ".",
+    "all": _EVERYTHING + ".",
+    "no keepdim": "without keepdim=True the row sums, shape (..., T_q), broadcast along the LAST axis: key j is "
+    "divided by row j's sum. Keep the axis: e.sum(dim=-1, keepdim=True).",
+}
 
 
 def _softmax_error_hint(error: Exception) -> str:
@@ -100,7 +95,7 @@ def check_softmax(c: Checker, softmax: Callable[[Tensor], Tensor]) -> None:
             name,
             lambda scores: softmax(scores),
             torch.softmax(scores, dim=-1),
-            bugs=_softmax_bugs(scores),
+            bugs=bug_table(_SOFTMAX_BUGS, _wrong_softmax, scores),
             hint="e = (scores - scores.max(dim=-1, keepdim=True).values).exp(), then e / e.sum(dim=-1, keepdim=True).",
             error_hint=_softmax_error_hint,
             inputs={"scores": scores},
@@ -173,38 +168,31 @@ def reference_distance_attention(q: Tensor, k: Tensor, v: Tensor, temperature: f
     return weights @ v, weights
 
 
-def _distance_bugs(q: Tensor, k: Tensor, v: Tensor, temperature: float) -> tuple[Bug, ...]:
+def _wrong_distance_attention(q: Tensor, k: Tensor, v: Tensor, temperature: float, *, bug: str):
+    """Attention by distance with one of the bugs of :data:`_DISTANCE_BUGS`."""
     d2 = _squared_distances(q, k)
+    scores = {
+        "farthest": lambda: d2 / temperature,
+        "distance": lambda: -d2.sqrt() / temperature,
+        "times temperature": lambda: -d2 * temperature,
+        "dot product": lambda: q @ k.transpose(-2, -1) / temperature,
+        "over queries": lambda: -d2 / temperature,
+    }[bug]()
+    weights = torch.softmax(scores, dim=-2 if bug == "over queries" else -1)
+    return weights @ v, weights
 
-    def attend(scores: Tensor, dim: int = -1):
-        def run():
-            weights = torch.softmax(scores, dim=dim)
-            return weights @ v, weights
 
-        return run
-
-    return (
-        Bug(
-            attend(d2 / temperature),
-            "the score grows with the distance, so the FARTHEST key wins: use minus the squared distance, "
-            "-||q - k||² / temperature.",
-        ),
-        Bug(
-            attend(-d2.sqrt() / temperature),
-            "that is minus the distance; the exercise scores with minus the SQUARED distance, ||q - k||² "
-            "(as a Gaussian kernel does), which is what ties it to the dot product.",
-        ),
-        Bug(attend(-d2 * temperature), "divide the scores by the temperature, don't multiply."),
-        Bug(
-            attend(q @ k.transpose(-2, -1) / temperature),
-            "those are dot-product scores q·k; this exercise scores a key by its distance to the query, "
-            "-||q - k||² / temperature.",
-        ),
-        Bug(
-            attend(-d2 / temperature, dim=-2),
-            "the softmax runs over the queries (dim=-2); each query's weights must sum to 1 over the keys: dim=-1.",
-        ),
-    )
+_DISTANCE_BUGS = {  # bug -> hint, for _wrong_distance_attention(..., bug=bug)
+    "farthest": "the score grows with the distance, so the FARTHEST key wins: use minus the squared distance, "
+    "-||q - k||² / temperature.",
+    "distance": "that is minus the distance; the exercise scores with minus the SQUARED distance, ||q - k||² "
+    "(as a Gaussian kernel does), which is what ties it to the dot product.",
+    "times temperature": "divide the scores by the temperature, don't multiply.",
+    "dot product": "those are dot-product scores q·k; this exercise scores a key by its distance to the query, "
+    "-||q - k||² / temperature.",
+    "over queries": "the softmax runs over the queries (dim=-2); each query's weights must sum to 1 over the keys: "
+    "dim=-1.",
+}
 
 
 def _distance_error_hint(error: Exception) -> str:
@@ -259,7 +247,7 @@ def check_distance_attention(c: Checker, distance_attention: Callable[..., tuple
             name,
             lambda q, k, v, temperature: distance_attention(q, k, v, temperature),
             reference_distance_attention(q, k, v, temperature),
-            bugs=_distance_bugs(q, k, v, temperature),
+            bugs=bug_table(_DISTANCE_BUGS, _wrong_distance_attention, q, k, v, temperature),
             hint="weights = softmax(-||q_i - k_j||² / temperature) over the keys (dim=-1); "
             "return (weights @ v, weights).",
             error_hint=_distance_error_hint,

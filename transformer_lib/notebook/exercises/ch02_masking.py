@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from ...masks import causal_mask, combine_masks, padding_mask, prefix_lm_mask
-from ._framework import Bug, Checker, checker
+from ._framework import Bug, Checker, bug_table, checker
 
 __all__ = ["check_decoder_mask", "check_cheating_positions", "check_packed_mask"]
 
@@ -152,6 +152,29 @@ def reference_packed_mask(doc_ids: Tensor) -> Tensor:
     return (same & causal_mask(doc_ids.shape[1], device=doc_ids.device))[:, None]
 
 
+def _wrong_packed_mask(doc_ids: Tensor, *, bug: str) -> Tensor:
+    """A packed mask with one of the bugs of :data:`_PACKED_BUGS`. Shapes: doc_ids (B, T) -> (B, 1, T, T) or
+    (B, T, T)."""
+    if bug == "inverted":
+        return ~reference_packed_mask(doc_ids)
+    if bug == "no head axis":
+        return reference_packed_mask(doc_ids)[:, 0]
+    if bug == "not causal":
+        return (doc_ids[:, :, None] == doc_ids[:, None, :])[:, None]
+    causal = causal_mask(doc_ids.shape[1])  # "one document"
+    return causal.expand(doc_ids.shape[0], 1, *causal.shape)
+
+
+_PACKED_BUGS = {  # bug -> hint, for _wrong_packed_mask(..., bug=bug)
+    "inverted": "the polarity is inverted: True must mean 'may attend'.",
+    "not causal": "a document's tokens see their own future: AND the same-document mask with the causal mask.",
+    "one document": "the documents see each other: the causal mask lets a token attend to the documents before "
+    "its own. AND it with a same-document mask, doc_ids[:, :, None] == doc_ids[:, None, :].",
+    "no head axis": "right values, but shape (B, T, T) does not broadcast over the heads: add the head axis, "
+    "mask[:, None].",
+}
+
+
 @checker
 def check_packed_mask(c: Checker, packed_mask: Callable[[Tensor], Tensor]) -> None:
     """Check ``packed_mask(doc_ids) -> (B, 1, T, T)`` boolean: True where query i may attend to key j, that is
@@ -166,31 +189,11 @@ def check_packed_mask(c: Checker, packed_mask: Callable[[Tensor], Tensor]) -> No
         ("every token its own document", torch.tensor([[0, 1, 2, 3]])),
     )
     for name, doc_ids in cases:
-        T = doc_ids.shape[1]
-        expected = reference_packed_mask(doc_ids)
-        same = (doc_ids[:, :, None] == doc_ids[:, None, :])[:, None]
-        causal = causal_mask(T)
         c.case(
             name,
             lambda doc_ids: packed_mask(doc_ids),
-            expected,
-            bugs=(
-                Bug(lambda e=expected: ~e, "the polarity is inverted: True must mean 'may attend'."),
-                Bug(
-                    lambda same=same: same,
-                    "a document's tokens see their own future: AND the same-document mask with the causal mask.",
-                ),
-                Bug(
-                    lambda causal=causal, B=doc_ids.shape[0]: causal.expand(B, 1, *causal.shape),
-                    "the documents see each other: the causal mask lets a token attend to the documents before "
-                    "its own. AND it with a same-document mask, doc_ids[:, :, None] == doc_ids[:, None, :].",
-                ),
-                Bug(
-                    lambda e=expected: e[:, 0],
-                    "right values, but shape (B, T, T) does not broadcast over the heads: add the head axis, "
-                    "mask[:, None].",
-                ),
-            ),
+            reference_packed_mask(doc_ids),
+            bugs=bug_table(_PACKED_BUGS, _wrong_packed_mask, doc_ids),
             hint="compare every query's document with every key's, doc_ids[:, :, None] == doc_ids[:, None, :] "
             "(B, T_q, T_k), AND it with the causal mask, and add the head axis: (B, 1, T, T).",
             inputs={"doc_ids": doc_ids},

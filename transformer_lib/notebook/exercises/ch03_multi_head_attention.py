@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from ...attention import MultiHeadAttention, scaled_dot_product_attention
-from ._framework import Bug, Checker, checker
+from ._framework import Bug, Checker, bug_table, checker
 
 __all__ = ["check_split_heads", "check_multi_head_attention", "check_attention_crossover"]
 
@@ -18,50 +18,42 @@ __all__ = ["check_split_heads", "check_multi_head_attention", "check_attention_c
 # ---------------------------------------------------------------- Spot the bug: heads folded into the batch
 
 
-def _fold(x: Tensor, n_heads: int) -> Tensor:
-    """The right fold: (B, T, d_model) -> (B * n_heads, T, d_head), row b * n_heads + h = head h of example b."""
+def _fold(x: Tensor, n_heads: int, *, bug: str = "") -> Tensor:
+    """The right fold: (B, T, d_model) -> (B * n_heads, T, d_head), row b * n_heads + h = head h of example b; or a
+    wrong one of :data:`_SPLIT_BUGS`: "sequence-first" is PyTorch's F.multi_head_attention_forward line, written
+    for (T, B, d_model), applied to (B, T, d_model) (right for B = 1, it mixes the examples' positions beyond);
+    "straight" x.view(B * n_heads, T, d_head), each "head" a run of T * d_head consecutive numbers of one example;
+    "head-major" the heads in the order (n_heads, B), row h * B + b; "not folded" (B, n_heads, T, d_head)."""
     B, T, d_model = x.shape
     d_head = d_model // n_heads
-    return x.view(B, T, n_heads, d_head).transpose(1, 2).reshape(B * n_heads, T, d_head)
+    if bug == "sequence-first":
+        return x.reshape(T, B * n_heads, d_head).transpose(0, 1)
+    if bug == "straight":
+        return x.reshape(B * n_heads, T, d_head)
+    heads = x.view(B, T, n_heads, d_head).transpose(1, 2)  # (B, n_heads, T, d_head)
+    if bug == "not folded":
+        return heads
+    if bug == "head-major":
+        return heads.transpose(0, 1).reshape(n_heads * B, T, d_head)
+    return heads.reshape(B * n_heads, T, d_head)
 
 
-def _fold_seq_first(x: Tensor, n_heads: int) -> Tensor:
-    # PyTorch's F.multi_head_attention_forward line, written for (T, B, d_model), applied to (B, T, d_model):
-    # right for B = 1, mixes the examples' positions for B > 1.
-    B, T, d_model = x.shape
-    return x.reshape(T, B * n_heads, d_model // n_heads).transpose(0, 1)
-
-
-def _fold_straight(x: Tensor, n_heads: int) -> Tensor:
-    # x.view(B * n_heads, T, d_head): each "head" is a run of T * d_head consecutive numbers of one example.
-    B, T, d_model = x.shape
-    return x.reshape(B * n_heads, T, d_model // n_heads)
-
-
-def _fold_head_major(x: Tensor, n_heads: int) -> Tensor:
-    # the heads in the order (n_heads, B): row h * B + b
-    B, T, d_model = x.shape
-    return x.view(B, T, n_heads, d_model // n_heads).permute(2, 0, 1, 3).reshape(n_heads * B, T, d_model // n_heads)
-
-
-def _not_folded(x: Tensor, n_heads: int) -> Tensor:
-    B, T, d_model = x.shape
-    return x.view(B, T, n_heads, d_model // n_heads).transpose(1, 2)
-
-
-_SEQ_FIRST_HINT = (
-    "right for a batch of one, wrong beyond: view(T, B * n_heads, d_head).transpose(0, 1) is the line for "
-    "sequence-first input (T, B, d_model). On batch-first x it cuts the memory of the whole batch into T rows, so "
-    "a 'head' holds positions of different examples. Split with B as its own axis first, "
-    "x.view(B, T, n_heads, d_head).transpose(1, 2), then fold: .reshape(B * n_heads, T, d_head)."
-)
-
-_STRAIGHT_HINT = (
-    "the straight reshape with the batch folded in: x.view(B * n_heads, T, d_head) (or a reshape without "
+_SPLIT_BUGS = {  # bug -> hint, for _fold(..., bug=bug)
+    "sequence-first": "right for a batch of one, wrong beyond: view(T, B * n_heads, d_head).transpose(0, 1) is the "
+    "line for sequence-first input (T, B, d_model). On batch-first x it cuts the memory of the whole batch into T "
+    "rows, so a 'head' holds positions of different examples. Split with B as its own axis first, "
+    "x.view(B, T, n_heads, d_head).transpose(1, 2), then fold: .reshape(B * n_heads, T, d_head).",
+    "straight": "the straight reshape with the batch folded in: x.view(B * n_heads, T, d_head) (or a reshape without "
     "transpose(1, 2)) makes each 'head' a run of T * d_head consecutive numbers, pieces of several positions with "
     "the features of every head, wrong even for one example. View as (B, T, n_heads, d_head), transpose(1, 2), "
-    "then fold."
-)
+    "then fold.",
+    "head-major": "the heads are folded in the order (n_heads, B), row h * B + b. The layout is example-major, "
+    "row b * n_heads + h, like PyTorch's: the unfold .view(B, n_heads, T, d_head) and a mask "
+    "repeated per head (mask.repeat_interleave(n_heads, 0)) expect it. After transpose(1, 2) the "
+    "axes are already (B, n_heads, T, d_head): reshape them as they are.",
+    "not folded": "you return (B, n_heads, T, d_head), the library's layout; torch.bmm takes 3-D tensors: fold "
+    "the two leading axes with .reshape(B * n_heads, T, d_head).",
+}
 
 
 @checker
@@ -79,22 +71,7 @@ def check_split_heads(c: Checker, split_heads: Callable[[Tensor, int], Tensor]) 
             f"B={B}, T={T}, d_model={d_model}, n_heads={n_heads}",
             lambda x, n_heads: split_heads(x, n_heads),
             _fold(x, n_heads),
-            bugs=(
-                Bug(lambda x=x, h=n_heads: _fold_seq_first(x, h), _SEQ_FIRST_HINT),
-                Bug(lambda x=x, h=n_heads: _fold_straight(x, h), _STRAIGHT_HINT),
-                Bug(
-                    lambda x=x, h=n_heads: _fold_head_major(x, h),
-                    "the heads are folded in the order (n_heads, B), row h * B + b. The layout is example-major, "
-                    "row b * n_heads + h, like PyTorch's: the unfold .view(B, n_heads, T, d_head) and a mask "
-                    "repeated per head (mask.repeat_interleave(n_heads, 0)) expect it. After transpose(1, 2) the "
-                    "axes are already (B, n_heads, T, d_head): reshape them as they are.",
-                ),
-                Bug(
-                    lambda x=x, h=n_heads: _not_folded(x, h),
-                    "you return (B, n_heads, T, d_head), the library's layout; torch.bmm takes 3-D tensors: fold "
-                    "the two leading axes with .reshape(B * n_heads, T, d_head).",
-                ),
-            ),
+            bugs=bug_table(_SPLIT_BUGS, _fold, x, n_heads),
             hint="x.view(B, T, n_heads, d_head).transpose(1, 2).reshape(B * n_heads, T, d_head).",
             inputs={"x": x, "n_heads": n_heads},
         )
@@ -133,6 +110,29 @@ def _query_length_hint(error: Exception) -> str:
     return ""
 
 
+def _mha_by_hand(mha: MultiHeadAttention, query: Tensor, key: Tensor, *, bug: str) -> Tensor:
+    """``mha(query, key, key)`` computed by hand with one of the bugs of :data:`_MHA_BUGS`."""
+    split = {"sequence-first": _split_seq_first, "plain reshape": _split_straight}.get(bug, _split_batch_first)
+    q, k, v = (split(t, mha.n_heads) for t in (mha.q_proj(query), mha.k_proj(key), mha.v_proj(key)))
+    scale = 1.0 if bug == "unscaled" else None  # None: 1 / sqrt(d_head)
+    out, _ = scaled_dot_product_attention(q, k, v, scale=scale)  # (B, n_heads, T_q, d_head)
+    if bug not in ("no transpose", "plain reshape"):
+        out = out.transpose(1, 2)
+    return mha.out_proj(out.reshape(query.shape))
+
+
+_MHA_BUGS = {  # bug -> hint, for _mha_by_hand(..., bug=bug)
+    "sequence-first": "right for a batch of one, wrong beyond: the batch axis got mixed into the head split. "
+    "Keep B as its own axis: x.view(B, T, n_heads, d_head).transpose(1, 2).",
+    "unscaled": "the scores are not scaled by 1 / sqrt(d_head).",
+    "no transpose": "merging heads needs transpose(1, 2) before the reshape to (B, T, d_model); "
+    "a plain reshape interleaves positions and heads.",
+    "plain reshape": "you split and merge the heads with a plain reshape (or a view(B * n_heads, T, d_head)): "
+    "each 'head' gets pieces of several positions. Split with x.view(B, T, n_heads, d_head)"
+    ".transpose(1, 2); merge with transpose(1, 2) then reshape(B, T, d_model).",
+}
+
+
 @checker
 def check_multi_head_attention(c: Checker, mha_forward: Callable[..., Tensor]) -> None:
     """Check ``mha_forward(mha, query, key, value)`` computing multi-head attention by hand.
@@ -153,38 +153,12 @@ def check_multi_head_attention(c: Checker, mha_forward: Callable[..., Tensor]) -
         mha = MultiHeadAttention(16, 4).eval()
         query = torch.randn(B, T_q, 16)
         key = query if T_q == T_k else torch.randn(B, T_k, 16)
-
-        def variant(split=_split_batch_first, scale=None, transpose_back=True, mha=mha, query=query, key=key):
-            q = split(mha.q_proj(query), 4)
-            k, v = split(mha.k_proj(key), 4), split(mha.v_proj(key), 4)
-            out, _ = scaled_dot_product_attention(q, k, v, scale=scale)  # (B, n_heads, T_q, d_head)
-            out = out.transpose(1, 2) if transpose_back else out
-            return mha.out_proj(out.reshape(query.shape))
-
         with torch.no_grad():
             c.case(
                 name,
                 lambda mha, query, key, value: mha_forward(mha, query, key, value),
                 mha(query, key, key),
-                bugs=(
-                    Bug(
-                        lambda v=variant: v(split=_split_seq_first),
-                        "right for a batch of one, wrong beyond: the batch axis got mixed into the head split. "
-                        "Keep B as its own axis: x.view(B, T, n_heads, d_head).transpose(1, 2).",
-                    ),
-                    Bug(lambda v=variant: v(scale=1.0), "the scores are not scaled by 1 / sqrt(d_head)."),
-                    Bug(
-                        lambda v=variant: v(transpose_back=False),
-                        "merging heads needs transpose(1, 2) before the reshape to (B, T, d_model); "
-                        "a plain reshape interleaves positions and heads.",
-                    ),
-                    Bug(
-                        lambda v=variant: v(split=_split_straight, transpose_back=False),
-                        "you split and merge the heads with a plain reshape (or a view(B * n_heads, T, d_head)): "
-                        "each 'head' gets pieces of several positions. Split with x.view(B, T, n_heads, d_head)"
-                        ".transpose(1, 2); merge with transpose(1, 2) then reshape(B, T, d_model).",
-                    ),
-                ),
+                bugs=bug_table(_MHA_BUGS, _mha_by_hand, mha, query, key),
                 hint="project with mha.q_proj/k_proj/v_proj, split into heads (each tensor with its own length), "
                 "attend with scale 1/sqrt(d_head), merge heads (transpose(1, 2) then reshape), then mha.out_proj.",
                 error_hint="" if T_q == T_k else _query_length_hint,
