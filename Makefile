@@ -95,13 +95,16 @@ test-fast: setup  ## the inner loop: the tests not marked slow, notebooks, book,
 	$(BIN)/python -m pytest -m "$(FAST)"
 
 # The fast tests against the oldest PyTorch the package accepts (requirements.txt's `torch>=X.Y`: the newest
-# X.Y.* release), in $(FLOOR_VENV), set up as `make setup` does. From the registry that is the CUDA build
-# (about 3 GB with its nvidia-* libraries); `make TORCH_INDEX=https://download.pytorch.org/whl/cpu test-floor`
-# takes the CPU one.
+# X.Y.* release), in $(FLOOR_VENV), set up as `make setup` does but with that torch as the only constraint:
+# the lock pins torch's own dependencies (sympy, ...) at versions an older torch may refuse, and pip would
+# then upgrade torch. From the registry that torch is the CUDA build (about 3 GB with its nvidia-* libraries);
+# `make TORCH_INDEX=https://download.pytorch.org/whl/cpu test-floor` takes the CPU one.
 FLOOR_VENV ?= .venv-floor
 TORCH_FLOOR ?= torch==$(shell sed -n 's/^torch>=//p' requirements.txt).*
 test-floor:  ## the fast tests against the oldest PyTorch the package accepts, in .venv-floor
-	$(MAKE) VENV=$(FLOOR_VENV) TORCH="$(TORCH_FLOOR)" setup
+	mkdir -p $(FLOOR_VENV)
+	echo "$(TORCH_FLOOR)" | cmp -s - $(FLOOR_VENV)/torch.txt || echo "$(TORCH_FLOOR)" > $(FLOOR_VENV)/torch.txt
+	$(MAKE) VENV=$(FLOOR_VENV) TORCH="$(TORCH_FLOOR)" CONSTRAINTS=$(FLOOR_VENV)/torch.txt setup
 	$(FLOOR_VENV)/bin/python -m pytest -m "$(FAST)"
 
 # The tests outside tests/test_book.py.
