@@ -336,6 +336,17 @@ def test_license_mit_for_code_cc_by_for_the_book():
     )
 
 
+def test_authors_and_urls_are_the_books():
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())
+    assert PROJECT["authors"] == [{"name": config["author"]}]
+    repository = config["repository"]["url"]
+    assert PROJECT["urls"] == {
+        "Homepage": config["html"]["baseurl"],
+        "Source": repository,
+        "Issues": f"{repository}/issues",
+    }
+
+
 # --- the chapters' Colab set-up from one source --------------------------------------------------
 
 
