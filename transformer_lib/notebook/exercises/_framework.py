@@ -1,24 +1,16 @@
-"""The checkers' framework: the case runner, the comparison of results and the ``@checker`` decorator.
+"""The checkers' framework: the case runner :class:`Checker`, the comparison of results and ``@checker``.
 
-A checker is written as ``def check_x(c: Checker, answer) -> None`` that runs its hidden cases with
-``c.case(...)``; ``@checker`` turns it into the public ``check_x(answer) -> CheckResult``, which
-refuses a non-callable answer, keeps the reader's random streams untouched and prints the feedback.
+A checker is ``def check_x(c: Checker, answer) -> None`` running its hidden cases with ``c.case(...)``;
+``@checker`` makes it the public ``check_x(answer) -> CheckResult``, which refuses a non-callable answer, says
+"not answered yet" to a starter left as ``...``, keeps the reader's random streams, prints the feedback and
+records it for the grader (:data:`RESULTS_ENV`). ``@checker(answer="value")`` checks a value (a prediction).
 CONTRIBUTING.md ("Writing a checker") walks through one.
 
-A case hands the answer copies of its ``inputs`` and fails an answer that changes them in place, gives
-the answer :data:`CASE_TIMEOUT_SECONDS` to return, and turns anything odd the answer does (raise, call
-``sys.exit()``, hang, return a sparse tensor or one on another device) into a failed case with feedback,
-never a crash. Only ``KeyboardInterrupt`` (the reader pressing stop) goes through. When the result is
-wrong, the case looks for it among the checker's known bugs (:func:`bug_table`) to show that bug's hint.
-
-``@checker(answer="value")`` builds a checker whose answer is a value rather than a function: the number
-a reader predicts before running a cell ("predict, then run").
-
-An answer still as the starter cell left it (a function whose body is only ``...`` or ``pass``, or the
-value ``...``) is *not answered yet*: the checker says so and runs no case. Every checker call also
-appends a machine-readable record to the JSON-lines file named by the environment variable
-:data:`RESULTS_ENV`, when it is set: that is how ``python -m transformer_lib.grade`` collects a class's
-results without parsing printed text.
+A case hands the answer copies of its ``inputs``, gives it :data:`CASE_TIMEOUT_SECONDS`, and turns anything odd
+it does (raise, even ``sys.exit()``; hang; change its inputs in place; return a sparse tensor, one on another
+device or of another dtype) into a failed case with feedback, never a crash; only ``KeyboardInterrupt`` (the
+reader pressing stop) goes through. A wrong result is looked up among the checker's known bugs
+(:func:`bug_table`) to show that bug's hint.
 """
 
 from __future__ import annotations
@@ -32,13 +24,10 @@ import json
 import math
 import os
 import random
-import re
 import signal
 import threading
-import traceback
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -331,29 +320,6 @@ def _run_in_thread(call: Callable[[], Any], seconds: float) -> tuple[Any, BaseEx
     return outcome[0] if outcome else (None, _StillRunning())
 
 
-def _run_with_time_limit(call: Callable[[], Any], seconds: float) -> tuple[Any, BaseException | None]:
-    """Call ``call()``, giving up after ``seconds``: SIGALRM where possible, a daemon thread otherwise."""
-    return _run_with_alarm(call, seconds) if _can_use_alarm() else _run_in_thread(call, seconds)
-
-
-_PACKAGE_DIRS = (Path(torch.__file__).resolve().parent, Path(__file__).resolve().parent)
-
-
-def line_that_raised(error: BaseException) -> str:
-    """The source line of the answer where ``error`` was raised ('' if unknown): the last frame outside torch
-    and the checkers (works for notebook cells too, which IPython registers with ``linecache``)."""
-    for frame in reversed(traceback.extract_tb(error.__traceback__)):
-        path = Path(frame.filename).resolve()
-        if not any(d in path.parents for d in _PACKAGE_DIRS):
-            return frame.line or ""
-    return ""
-
-
-def uses_dot_T(line: str) -> bool:
-    """Whether a line of code uses the ``.T`` attribute (``k.T``, ``x.T @ y``)."""
-    return re.search(r"\.T\b", line) is not None
-
-
 # ---------------------------------------------------------------- one case: what went wrong, and the hint
 
 _Failure = tuple[str, str]  # (what is wrong, the hint)
@@ -455,7 +421,8 @@ class Checker:
         inputs = inputs or {}
         copies = copy.deepcopy(inputs)  # one copy per object: aliased inputs (key is value) stay aliased
         seconds = CASE_TIMEOUT_SECONDS if self.timeout_seconds is None else self.timeout_seconds
-        got, error = _run_with_time_limit(lambda: answer(**copies), seconds)
+        run = _run_with_alarm if _can_use_alarm() else _run_in_thread  # SIGALRM where possible
+        got, error = run(lambda: answer(**copies), seconds)
         failure = (
             _error_failure(error, seconds, error_hint, hint)
             or _in_place_failure(inputs, copies)
@@ -527,16 +494,11 @@ def _not_answered(title: str, answer: str) -> CheckResult:
 def _record(result: CheckResult) -> None:
     """Append ``result`` to the JSON-lines file named by :data:`RESULTS_ENV`, if set (the grader's channel)."""
     path = os.environ.get(RESULTS_ENV)
-    if not path:
-        return
-    record = {
-        "checker": result.title.split(":", 1)[0],
-        "status": result.status,
-        "passed": result.passed,
-        "feedback": result.text,
-    }
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(record) + "\n")
+    if path:
+        name = result.title.split(":", 1)[0]
+        record = {"checker": name, "status": result.status, "passed": result.passed, "feedback": result.text}
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
 
 
 def checker(body: Callable[[Checker, Any], None] | None = None, /, *, answer: str = "function") -> Any:

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import math
 import re
+import traceback
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from ._framework import Bug, Checker, bug_table, checker, line_that_raised, uses_dot_T
+from ._framework import Bug, Checker, bug_table, checker
 
 __all__ = ["check_softmax", "check_score_std", "check_distance_attention"]
 
@@ -193,6 +195,24 @@ _DISTANCE_BUGS = {  # bug -> hint, for _wrong_distance_attention(..., bug=bug)
     "over queries": "the softmax runs over the queries (dim=-2); each query's weights must sum to 1 over the keys: "
     "dim=-1.",
 }
+
+
+_PACKAGE_DIRS = (Path(torch.__file__).resolve().parent, Path(__file__).resolve().parent)
+
+
+def line_that_raised(error: BaseException) -> str:
+    """The source line of the answer where ``error`` was raised ('' if unknown): the last frame outside torch
+    and the checkers (works for notebook cells too, which IPython registers with ``linecache``)."""
+    for frame in reversed(traceback.extract_tb(error.__traceback__)):
+        path = Path(frame.filename).resolve()
+        if not any(d in path.parents for d in _PACKAGE_DIRS):
+            return frame.line or ""
+    return ""
+
+
+def uses_dot_T(line: str) -> bool:
+    """Whether a line of code uses the ``.T`` attribute (``k.T``, ``x.T @ y``)."""
+    return re.search(r"\.T\b", line) is not None
 
 
 def _distance_error_hint(error: Exception) -> str:
