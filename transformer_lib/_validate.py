@@ -18,8 +18,7 @@ INTEGER_DTYPES = (torch.int64, torch.int32, torch.int16, torch.uint8)
 
 def _validate_int(name: str, value: object, minimum: int = 1, allowed: str = "") -> int:
     """An integer (not a bool, not a float) >= minimum; numpy integers become ``int``."""
-    is_int = isinstance(value, numbers.Integral) and not isinstance(value, bool)
-    if not is_int or value < minimum:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
         allowed = allowed or ("a positive int" if minimum == 1 else f"an int >= {minimum}")
         raise ValueError(f"{name} must be {allowed}, got {value!r}")
     return int(value)
@@ -27,8 +26,12 @@ def _validate_int(name: str, value: object, minimum: int = 1, allowed: str = "")
 
 def _validate_real(name: str, value: object, allowed: str, ok: Callable[[float], bool]) -> float:
     """A finite real number (not a bool) for which ``ok`` holds; ``allowed`` says which, for the message."""
-    is_real = isinstance(value, numbers.Real) and not isinstance(value, bool)
-    if not is_real or not math.isfinite(value) or not ok(float(value)):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Real)
+        or not math.isfinite(value)
+        or not ok(float(value))
+    ):
         raise ValueError(f"{name} must be {allowed}, got {value!r}")
     return float(value)
 

@@ -97,11 +97,12 @@ class KVCache:
         """How many earlier positions precede the new queries (0 for cross-attention)."""
         return 0 if self.static else len(self)
 
-    def update(self, k: Tensor | None, v: Tensor | None) -> tuple[Tensor, Tensor]:
-        """Store the new keys and values (append them, for self-attention); return all of them."""
-        if self.filled:
-            return self.k, self.v
-        if self.k is not None:
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Store the new keys and values (append them, for self-attention); return all of them.
+        A filled static cache keeps the keys and values it holds."""
+        if self.k is not None and self.v is not None:
+            if self.static:
+                return self.k, self.v
             k = torch.cat([self.k, k], dim=2)  # (B, n_kv_heads, T_past + T_new, d_head)
             v = torch.cat([self.v, v], dim=2)
         self.k, self.v = k, v
@@ -217,15 +218,18 @@ class MultiHeadAttention(nn.Module):
         self._validate_inputs(query, key, value)
         T_past = 0 if cache is None else cache.past_length
 
-        q, k, v = self._project(query, key, value, cache)
+        if cache is not None and cache.static and cache.k is not None and cache.v is not None:
+            q, k, v = self.q_proj(query), cache.k, cache.v  # the memory's keys and values were projected once
+        else:
+            q, k_new, v_new = self._project(query, key, value)
+            k, v = self.split_heads(k_new), self.split_heads(v_new)  # (B, n_kv_heads, T_new, d_head)
+            if self.rotary is not None:
+                k = self.rotary(k, offset=T_past, positions=positions)
+            if cache is not None:
+                k, v = cache.update(k, v)  # (B, n_kv_heads, T_k, d_head): earlier positions too
         q = self.split_heads(q)  # (B, n_heads, T_q, d_head)
-        if k is not None:
-            k, v = self.split_heads(k), self.split_heads(v)  # (B, n_kv_heads, T_new, d_head)
         if self.rotary is not None:
             q = self.rotary(q, offset=T_past, positions=positions)
-            k = self.rotary(k, offset=T_past, positions=positions)
-        if cache is not None:
-            k, v = cache.update(k, v)  # (B, n_kv_heads, T_k, d_head): earlier positions too
         mask = self._combine_masks(mask, key_padding_mask, query.shape[0], q.shape[2], k.shape[2])
 
         bias = None
@@ -237,7 +241,7 @@ class MultiHeadAttention(nn.Module):
         k, v = repeat_kv(k, self.n_heads // self.n_kv_heads), repeat_kv(v, self.n_heads // self.n_kv_heads)
         out, weights = self._attend(q, k, v, mask, is_causal, need_weights, bias)  # (B, n_heads, T_q, d_head)
         out = self.out_proj(self.merge_heads(out))  # (B, T_q, d_model)
-        return (out, weights) if need_weights else out
+        return out if weights is None else (out, weights)
 
     def _validate_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:
         for name, t in (("query", query), ("key", key), ("value", value)):
@@ -269,17 +273,13 @@ class MultiHeadAttention(nn.Module):
         keys = key_padding_mask[:, None, None, :]  # (B, 1, 1, T_k)
         return keys if mask is None else mask & keys
 
-    def _project(
-        self, query: Tensor, key: Tensor, value: Tensor, cache: KVCache | None
-    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        """q, k, v projections; k and v are None when a static cache already holds them.
+    def _project(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The q, k and v projections.
 
         Self-attention runs one matmul with the three weights stacked (the "fused" projection),
         when the projections hold weight tensors (PyTorch's dynamically quantized linears do not:
         they are called one by one).
         """
-        if cache is not None and cache.filled:
-            return self.q_proj(query), None, None  # the memory's keys and values were computed once
         projections = (self.q_proj, self.k_proj, self.v_proj)
         if query is key and key is value and all(isinstance(getattr(p, "weight", None), Tensor) for p in projections):
             w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])  # (d_model + 2 d_kv, d_model)

@@ -202,7 +202,8 @@ class BPETokenizer:
         # Special tokens verbatim, the runs between them through the byte-level decoder
         # (the decoder would read a special token's characters as bytes).
         by_id = {i: s for s, i in self._special.items()}
-        parts, run = [], []
+        parts: list[str] = []
+        run: list[int] = []
         for i in ids:
             if i in by_id:
                 parts.append(self._tok.decode(run, skip_special_tokens=False) if run else "")

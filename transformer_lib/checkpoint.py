@@ -220,7 +220,7 @@ def _nonfinite(model: torch.nn.Module, state: dict[str, Any]) -> list[str]:
 
 def _model_config(model: torch.nn.Module) -> dict | None:
     config = getattr(model, "config", None)
-    return asdict(config) if is_dataclass(config) else None
+    return asdict(config) if is_dataclass(config) and not isinstance(config, type) else None
 
 
 def _serialize(obj: object) -> memoryview:
@@ -354,6 +354,8 @@ def _validate_model_state(mine: dict[str, Tensor], theirs: object, fail: Fail) -
 
 def _validate_optimizer_state(trainer: Trainer, theirs: object, fail: Fail) -> None:
     """Load ``theirs`` into a scratch optimizer over the same parameters (the trainer's is untouched)."""
+    if not isinstance(theirs, dict):
+        raise fail(f"has an optimizer state of type {type(theirs).__name__}, not a dict")
     scratch = trainer._new_optimizer()
     try:
         scratch.load_state_dict(theirs)

@@ -81,8 +81,8 @@ def _greedy(
 def _reorder(caches: list[tuple[KVCache, KVCache]], index: Tensor) -> None:
     """Keep the self-attention caches of the surviving beams (cross caches are shared per example)."""
     for self_cache, _ in caches:
-        self_cache.k = self_cache.k.index_select(0, index)
-        self_cache.v = self_cache.v.index_select(0, index)
+        if self_cache.k is not None and self_cache.v is not None:
+            self_cache.k, self_cache.v = self_cache.k.index_select(0, index), self_cache.v.index_select(0, index)
 
 
 @torch.no_grad()

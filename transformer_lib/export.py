@@ -19,6 +19,7 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import cast
 
 import torch
 from torch import Tensor, nn
@@ -120,14 +121,18 @@ def export_onnx(model: GPT, path: str | Path, example_ids: Tensor | None = None,
     with eval_mode(model), warnings.catch_warnings(), _quiet("torch.onnx"):
         for category in (FutureWarning, DeprecationWarning):  # the exporter's own notices, not about the model
             warnings.simplefilter("ignore", category)
-        program = torch.onnx.export(
-            _Logits(model).eval(),
-            (example_ids,),
-            input_names=["idx"],
-            output_names=["logits"],
-            dynamic_shapes=dynamic_shapes,
-            dynamo=True,
-            verbose=False,
+        # dynamo=True returns the program (None is the legacy exporter's answer; the stub has no overload)
+        program = cast(
+            "torch.onnx.ONNXProgram",
+            torch.onnx.export(
+                _Logits(model).eval(),
+                (example_ids,),
+                input_names=["idx"],
+                output_names=["logits"],
+                dynamic_shapes=dynamic_shapes,
+                dynamo=True,
+                verbose=False,
+            ),
         )
     program.model.metadata_props[_META_VOCAB] = str(config.vocab_size)
     program.model.metadata_props[_META_BLOCK] = str(config.block_size)

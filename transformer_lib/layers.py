@@ -12,7 +12,8 @@ that weights copy one to one (see :mod:`transformer_lib.interop`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -142,7 +143,7 @@ class EncoderLayer(nn.Module):
                 cache=cache,
                 positions=positions,
             )
-            return _keep(out, weights, need_weights)
+            return _keep(out, weights)
 
         x = _residual(x, attend, self.norm1, self.dropout1, self.norm_first)
         x = _residual(x, self.ff, self.norm2, self.dropout2, self.norm_first)
@@ -241,7 +242,7 @@ class DecoderLayer(nn.Module):
                 is_causal=tgt_is_causal,
                 cache=self_cache,
             )
-            return _keep(out, weights, need_weights)
+            return _keep(out, weights)
 
         def cross_attend(h: Tensor) -> Tensor:
             out = self.cross_attn(
@@ -253,7 +254,7 @@ class DecoderLayer(nn.Module):
                 need_weights=need_weights,
                 cache=cross_cache,
             )
-            return _keep(out, weights, need_weights)
+            return _keep(out, weights)
 
         x = _residual(x, self_attend, self.norm1, self.dropout1, self.norm_first)
         x = _residual(x, cross_attend, self.norm2, self.dropout2, self.norm_first)
@@ -261,20 +262,20 @@ class DecoderLayer(nn.Module):
         return (x, weights[0], weights[1]) if need_weights else x
 
 
-def _keep(out: Tensor | tuple[Tensor, Tensor], weights: list[Tensor], need_weights: bool) -> Tensor:
+def _keep(out: Tensor | tuple[Tensor, Tensor], weights: list[Tensor]) -> Tensor:
     """Unpack ``(out, w)`` from attention when weights were asked for, remembering ``w``."""
-    if need_weights:
+    if isinstance(out, tuple):
         out, w = out
         weights.append(w)
     return out
 
 
 def run_layers(
-    layers: Sequence[nn.Module],
+    layers: Iterable[nn.Module],
     x: Tensor,
     need_weights: bool = False,
-    per_layer: dict[str, Sequence[object]] | None = None,
-    **kwargs,
+    per_layer: Mapping[str, Sequence[object]] | None = None,
+    **kwargs: Any,
 ) -> tuple[Tensor, list]:
     """Run ``x`` through a stack of layers; return the output and, with ``need_weights``, each layer's weights.
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal, overload
 
 import torch
 import torch.nn.functional as F
@@ -82,7 +83,11 @@ class Seq2SeqTransformer(nn.Module):
         self.d_model, self.max_len, self.pad_id = d_model, max_len, pad_id
         self.src_embed = nn.Embedding(src_vocab_size, d_model)
         self.tgt_embed = nn.Embedding(tgt_vocab_size, d_model)
-        self.pos = _absolute_positions(positional, d_model, max_len)
+        self.pos = (
+            LearnedPositionalEmbedding(d_model, max_len)
+            if positional == "learned"
+            else SinusoidalPositionalEncoding(d_model, max_len)
+        )
         self.dropout = nn.Dropout(dropout)
         self.encoder_layers = nn.ModuleList(
             EncoderLayer(d_model, n_heads, d_ff, dropout=dropout, activation=activation, norm_first=norm_first)
@@ -108,6 +113,10 @@ class Seq2SeqTransformer(nn.Module):
         """Shapes: src (B, S) -> (B, 1, 1, S), True for real (non-pad) tokens."""
         return padding_mask(src, self.pad_id)
 
+    @overload
+    def encode(self, src: Tensor, need_weights: Literal[False] = False) -> Tensor: ...
+    @overload
+    def encode(self, src: Tensor, need_weights: Literal[True]) -> tuple[Tensor, list[Tensor]]: ...
     def encode(self, src: Tensor, need_weights: bool = False) -> Tensor | tuple[Tensor, list[Tensor]]:
         """Shapes: src (B, S) -> memory (B, S, d_model) [, per-layer weights (B, n_heads, S, S)]."""
         src = _validate_token_ids("src", src, self.src_vocab_size, self.max_len)
@@ -116,6 +125,24 @@ class Seq2SeqTransformer(nn.Module):
         x = self.encoder_norm(x)
         return (x, weights) if need_weights else x
 
+    @overload
+    def decode(
+        self,
+        tgt: Tensor,
+        memory: Tensor,
+        src: Tensor,
+        need_weights: Literal[False] = False,
+        caches: list[tuple[KVCache, KVCache]] | None = None,
+    ) -> Tensor: ...
+    @overload
+    def decode(
+        self,
+        tgt: Tensor,
+        memory: Tensor,
+        src: Tensor,
+        need_weights: Literal[True],
+        caches: list[tuple[KVCache, KVCache]] | None = None,
+    ) -> tuple[Tensor, tuple[list[Tensor], list[Tensor]]]: ...
     def decode(
         self,
         tgt: Tensor,
@@ -227,12 +254,12 @@ class GPTConfig:
             )
         if self.norm_eps is None:
             object.__setattr__(self, "norm_eps", 1e-6 if self.norm == "rmsnorm" else 1e-5)
-        _validate_int("GPTConfig.n_kv_heads", self.n_kv_heads)
+        n_kv_heads = _validate_int("GPTConfig.n_kv_heads", self.n_kv_heads)
         _validate_int("GPTConfig.d_ff", self.d_ff)
         if self.d_model % self.n_heads:
             raise ValueError(f"GPTConfig.d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
-        if self.n_heads % self.n_kv_heads:
-            raise ValueError(f"GPTConfig.n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
+        if self.n_heads % n_kv_heads:
+            raise ValueError(f"GPTConfig.n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({n_kv_heads})")
         if self.positional not in POSITIONALS:
             raise ValueError(f"GPTConfig.positional must be one of {POSITIONALS}, got {self.positional!r}")
         if self.positional == "rope" and (self.d_model // self.n_heads) % 2:
@@ -260,7 +287,7 @@ def _gpt_block(c: GPTConfig) -> DecoderOnlyLayer:
         d_model=c.d_model,
         n_heads=c.n_heads,
         n_kv_heads=c.n_kv_heads,
-        d_ff=c.d_ff,
+        d_ff=_validate_int("GPTConfig.d_ff", c.d_ff),  # int | None as a field, an int after __post_init__
         dropout=c.dropout,
         activation=c.activation,
         norm_first=c.norm_first,
@@ -298,7 +325,8 @@ class GPT(nn.Module):
         # (section 3.4), scale the token embeddings by sqrt(d_model) so that the positions do not drown them.
         self.emb_scale = math.sqrt(c.d_model) if c.positional == "sinusoidal" else 1.0
         self.dropout = nn.Dropout(c.dropout)
-        self.blocks = nn.ModuleList(_gpt_block(c) for _ in range(c.n_layers))
+        blocks = [_gpt_block(c) for _ in range(c.n_layers)]
+        self.blocks = nn.ModuleList(blocks)
         self.norm_f = (
             make_norm(c.norm, c.d_model, c.norm_eps, bias=c.bias, fused=c.fused_norms)
             if c.norm_first
@@ -306,7 +334,7 @@ class GPT(nn.Module):
         )
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         self.apply(self._init_weights)
-        for block in self.blocks:  # GPT-2: scale the projections that write into the residual stream
+        for block in blocks:  # GPT-2: scale the projections that write into the residual stream
             for proj in (block.self_attn.out_proj, block.ff.linear2):
                 nn.init.normal_(proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * c.n_layers))
         if c.tie_weights:
@@ -417,6 +445,33 @@ class GPT(nn.Module):
         with eval_mode(self):
             return self._hidden(idx, attention_mask=attention_mask, need_weights=True)[1]
 
+    @overload
+    def generate(
+        self,
+        idx: Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        use_cache: bool = True,
+        generator: torch.Generator | None = None,
+        return_logits: Literal[False] = False,
+        attention_mask: Tensor | None = None,
+    ) -> Tensor: ...
+    @overload
+    def generate(
+        self,
+        idx: Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        use_cache: bool = True,
+        generator: torch.Generator | None = None,
+        *,
+        return_logits: Literal[True],
+        attention_mask: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]: ...
     @torch.inference_mode()
     def generate(
         self,

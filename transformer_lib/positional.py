@@ -90,6 +90,8 @@ class SinusoidalPositionalEncoding(_AddPositions):
     Defined in chapter 4, Positional encoding.
     """
 
+    pe: Tensor  # a buffer: (max_len, d_model)
+
     def __init__(self, d_model: int, max_len: int = 5000, base: float = 10000.0) -> None:
         super().__init__()
         self.d_model, self.max_len = d_model, max_len
@@ -136,6 +138,9 @@ class RotaryEmbedding(nn.Module):
 
     Defined in chapter 4, Positional encoding.
     """
+
+    cos: Tensor  # buffers: (max_len, d_head/2) each
+    sin: Tensor
 
     def __init__(self, d_head: int, max_len: int = 4096, base: float = 10000.0) -> None:
         super().__init__()
@@ -217,6 +222,8 @@ class ALiBi(nn.Module):
 
     Defined in chapter 4, Positional encoding.
     """
+
+    slopes: Tensor  # a buffer: (n_heads,)
 
     def __init__(self, n_heads: int) -> None:
         super().__init__()

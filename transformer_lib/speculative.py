@@ -57,11 +57,11 @@ def truncate_caches(caches: list[KVCache], length: int) -> None:
     Shapes: k, v (B, n_kv_heads, T_cache, d_head) -> (B, n_kv_heads, min(T_cache, length), d_head).
     """
     for cache in caches:
-        if cache.k is not None and cache.k.shape[2] > length:
+        if cache.k is not None and cache.v is not None and cache.k.shape[2] > length:
             cache.k, cache.v = cache.k[:, :, :length], cache.v[:, :, :length]
 
 
-def _validate_pair(target: object, draft: object) -> None:
+def _validate_pair(target: GPT, draft: GPT) -> None:
     for name, model in (("target", target), ("draft", draft)):
         if not isinstance(model, GPT):
             raise TypeError(f"{name} must be a transformer_lib.GPT, got {type(model).__name__}")

@@ -10,9 +10,10 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from ._validate import _validate_int
 
@@ -166,7 +167,9 @@ ALPHABETS = {
 }
 
 
-def make_pairs(task: str, n: int, seed: int = 0, exclude: set[str] | None = None, **kwargs) -> list[tuple[str, str]]:
+def make_pairs(
+    task: str, n: int, seed: int = 0, exclude: set[str] | None = None, **kwargs: Any
+) -> list[tuple[str, str]]:
     """``n`` distinct (source, target) pairs of ``task``, none whose source is in ``exclude``.
 
     Defined in chapter 6, Encoder-decoder.
@@ -216,7 +219,7 @@ class Seq2SeqData:
         return draw
 
 
-def seq2seq_loss(model, batch: tuple[Tensor, Tensor], label_smoothing: float = 0.0) -> Tensor:
+def seq2seq_loss(model: nn.Module, batch: tuple[Tensor, Tensor], label_smoothing: float = 0.0) -> Tensor:
     """Teacher-forced cross-entropy: feed ``tgt[:, :-1]``, predict ``tgt[:, 1:]``, ignore padding.
 
     Defined in chapter 6, Encoder-decoder.

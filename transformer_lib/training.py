@@ -16,7 +16,7 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 import torch
 from torch import Tensor, nn
@@ -45,9 +45,10 @@ def _validate_betas(name: str, value: object) -> tuple[float, float]:
     if not isinstance(value, (tuple, list)) or len(value) != 2:
         raise ValueError(message)
     try:
-        return tuple(_validate_real(name, b, "", lambda b: 0.0 <= b < 1.0) for b in value)
+        beta1, beta2 = (_validate_real(name, b, "", lambda b: 0.0 <= b < 1.0) for b in value)
     except ValueError:
         raise ValueError(message) from None
+    return beta1, beta2
 
 
 @dataclass(frozen=True)
@@ -217,7 +218,8 @@ class Trainer:
         # what loss_fn is called with in training: the DDP wrapper or the model, compiled if config.compile
         self.forward_model = self.ddp if self.ddp is not None else self.model
         if config.compile:  # the same parameters, behind generated kernels
-            self.forward_model = torch.compile(self.forward_model)
+            # a Module in, a Module (OptimizedModule) out; torch.compile's stub only promises a callable
+            self.forward_model = cast(nn.Module, torch.compile(self.forward_model))
         self.optimizer = self._new_optimizer()
         seed = (config.seed + self.rank) % 2**64 if self.rank else config.seed  # in manual_seed's range
         self.generator = torch.Generator().manual_seed(seed)
@@ -362,15 +364,15 @@ class Trainer:
         micro_batches = (batch, *more)
         k = len(micro_batches)
         self.optimizer.zero_grad(set_to_none=True)
-        total: Tensor | None = None
+        losses: list[Tensor] = []
         for i, micro in enumerate(micro_batches):
             no_sync = self.ddp.no_sync() if self.ddp is not None and i < k - 1 else nullcontext()
             with no_sync:  # accumulate locally; average across processes on the last micro-batch only
                 with self._autocast():
                     loss = self.loss_fn(self.forward_model, _to(micro, self.device))
                 self.scaler.scale(loss if k == 1 else loss / k).backward()
-            total = loss.detach().float() if total is None else total + loss.detach().float()
-        loss = total if k == 1 else total / k
+            losses.append(loss.detach().float())
+        loss = losses[0] if k == 1 else sum(losses[1:], start=losses[0]) / k
         grad_norm = None
         if cfg.grad_clip is not None:
             self.scaler.unscale_(self.optimizer)
@@ -437,12 +439,11 @@ def init_distributed(device: str | torch.device | None = None) -> torch.device:
 
     Defined in chapter 8, Training at scale.
     """
+    chosen = torch.device(device) if device is not None else get_device()
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or (dist.is_available() and dist.is_initialized()):
-        chosen = get_device(device)
         if dist.is_available() and dist.is_initialized() and chosen.type == "cuda":
             chosen = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         return chosen
-    chosen = get_device(device)
     if chosen.type == "cuda":
         chosen = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(chosen)
