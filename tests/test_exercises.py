@@ -1,14 +1,17 @@
 """The checkers accept right answers and name the classic bugs in wrong ones, without crashing."""
 
 import copy
+import functools
 import inspect
 import json
 import math
 import random
+import re
 import sys
 import threading
 import time
 import typing
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -647,3 +650,33 @@ def test_a_result_of_another_dtype_says_so(dtype):
     assert not result.passed
     assert f"(your result has dtype {dtype}, the expected one torch.float32)" in result.text, result.text
     assert ex.check_softmax(lambda scores: torch.softmax(scores.double(), dim=-1)).passed  # close enough: no hint
+
+
+# ---------------------------------------------------------------- CONTRIBUTING.md's worked example
+
+CONTRIBUTING = Path(__file__).resolve().parent.parent / "CONTRIBUTING.md"
+
+
+def _block_after(marker: str, text: str) -> str:
+    """The first fenced code block after ``marker`` in ``text``."""
+    return re.search(r"```\w+\n(.*?)```", text[text.index(marker) :], re.S).group(1)
+
+
+def test_the_guides_worked_example_runs_and_prints_what_the_guide_shows():
+    text = CONTRIBUTING.read_text(encoding="utf-8")
+    example: dict = {}
+    exec(compile(_block_after("<!-- worked example: ", text), str(CONTRIBUTING), "exec"), example)
+    check_mean_pool = example["check_mean_pool"]
+
+    printed = check_mean_pool(lambda x, mask: x.mean(dim=1)).text + "\n"
+    assert printed == _block_after("<!-- worked example output -->", text)
+
+    def by_a_loop(x, mask):  # a right answer written another way than the reference
+        return torch.stack([x[b, mask[b]].mean(dim=0) for b in range(x.shape[0])])
+
+    right = check_mean_pool(by_a_loop)
+    assert right.passed and f"`{right.title}`" in text  # the guide quotes its first line
+    for bug, hint in example["_MEAN_POOL_BUGS"].items():  # each row of the table names its bug
+        result = check_mean_pool(functools.partial(example["_mean_pool"], bug=bug))
+        assert not result.passed and hint in result.text, (bug, result.text)
+    assert check_mean_pool(...).status == "unanswered"
