@@ -158,6 +158,11 @@ def _validate_positive_int(name: str, value: object) -> int:
     return int(value)
 
 
+# PyTorch 2.6-2.8 (Colab's) cannot index uint16, uint32 or uint64 tensors: random_blocks reads their
+# windows through the signed view of the same width, then takes the ids back modulo 2**bits.
+_SIGNED_VIEWS = {torch.uint16: (torch.int16, 16), torch.uint32: (torch.int32, 32), torch.uint64: (torch.int64, 64)}
+
+
 def random_blocks(
     data: Tensor | np.ndarray, batch_size: int, block_size: int, generator: torch.Generator | None = None
 ) -> tuple[Tensor, Tensor]:
@@ -198,7 +203,10 @@ def random_blocks(
     starts = torch.randint(n - block_size, (batch_size,), generator=generator)
     if isinstance(data, Tensor):
         offsets = torch.arange(block_size + 1)
-        windows = data[starts[:, None] + offsets].long()  # (batch_size, block_size + 1)
+        signed, bits = _SIGNED_VIEWS.get(data.dtype, (data.dtype, 64))
+        windows = data.view(signed)[starts[:, None] + offsets].long()  # (batch_size, block_size + 1)
+        if bits < 64:
+            windows &= 2**bits - 1
     else:
         rows = starts.numpy()[:, None] + np.arange(block_size + 1)  # (batch_size, block_size + 1)
         # Fancy indexing reads just these positions (a memmap pages in only those parts of the file).
