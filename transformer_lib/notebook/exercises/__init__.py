@@ -38,7 +38,7 @@ checks a prediction (a number) instead of a function; every call is recorded for
   ``check_accepted_tokens``
 """
 
-from ._framework import Bug, Checker, CheckResult, bug_table, checker
+from ._framework import Bug, Checker, CheckResult, Hint, bug_table, checker
 from .ch01_attention import check_distance_attention, check_score_std, check_softmax
 from .ch02_masking import check_cheating_positions, check_decoder_mask, check_packed_mask
 from .ch03_multi_head_attention import check_attention_crossover, check_multi_head_attention, check_split_heads
@@ -73,6 +73,7 @@ __all__ = [
     "Bug",
     "Checker",
     "CheckResult",
+    "Hint",
     "bug_table",
     "checker",
     "check_softmax",

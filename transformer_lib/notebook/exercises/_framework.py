@@ -75,6 +75,19 @@ class CheckResult:
         pass
 
 
+@dataclass(frozen=True)
+class Hint:
+    """A hint in two levels: ``concept`` (shown with the feedback) says what the symptom means and which idea
+    or section to reread, with no code of the fix; ``fix`` (shown only when the reader asks for it, with
+    ``check_x.hint()``, and never to the grader) is the code-level fix. A plain ``str`` hint is a concept."""
+
+    concept: str
+    fix: str = ""
+
+    def __str__(self) -> str:
+        return self.concept
+
+
 @dataclass
 class Bug:
     """A known wrong implementation: if the answer equals ``fn()``, show ``hint``."""
