@@ -207,7 +207,7 @@ def test_package_exports_every_chapter_checker():
         assert getattr(ex, name).answer_kind == "function", name
     for name in VALUE_ANSWERS:
         assert getattr(ex, name).answer_kind == "value", name
-    assert set(ex.__all__) == public | {"Bug", "Checker", "CheckResult", "bug_table", "checker"}
+    assert set(ex.__all__) == public | {"Bug", "Checker", "CheckResult", "Hint", "bug_table", "checker"}
     for name in public:
         assert callable(getattr(ex, name)), name
 
