@@ -388,6 +388,201 @@ def test_checker_decorator_builds_a_public_checker(capsys):
     assert len(calls) == 3
 
 
+# ---------------------------------------------------------------- the framework: hints in two levels
+
+_ROWS = ex.Hint("each row must sum to 1: reread 'Softmax, row by row'.", "divide by e.sum(dim=-1, keepdim=True)")
+_SHAPE = ex.Hint("the row sums must broadcast against the scores.", "sum with keepdim=True")
+
+
+def _wrong_double(x, *, bug: str):
+    return {"squared": x**2, "tripled": 3 * x, "plus one": 2 * x + 1}[bug]
+
+
+@ex.checker
+def check_double(c: ex.Checker, double) -> None:
+    """Check ``double(x) -> 2 x``: a checker whose hints have two levels, and one (a str) only one."""
+    table = {"squared": _ROWS, "tripled": "you tripled x: reread 'Doubling'.", "plus one": _ROWS}
+    for x in (3.0, 4.0, 5.0):
+        c.case(
+            f"x = {x:g}",
+            lambda x: double(x),
+            2 * x,
+            bugs=ex.bug_table(table, _wrong_double, x),
+            hint=ex.Hint("double it: reread 'Doubling'.", "return 2 * x"),
+            error_hint=lambda e: _SHAPE if isinstance(e, ValueError) else "",
+            inputs={"x": x},
+        )
+
+
+def test_a_failed_check_prints_each_case_then_each_concept_once_and_keeps_the_fixes(capsys):
+    result = check_double(lambda x: x**2 if x < 5 else 3 * x)
+    assert result.lines == [
+        "  ❌ x = 3: expected 6 (within 1e-05), got 9",
+        "  ❌ x = 4: expected 8 (within 1e-05), got 16",
+        "  ❌ x = 5: expected 10 (within 1e-05), got 15",
+        f"  Hint: {_ROWS.concept}",  # once, though two cases failed with it, in the order they came
+        "  Hint: you tripled x: reread 'Doubling'.",
+        "  For the fix in code: check_double.hint()",
+    ]
+    assert result.fixes == [_ROWS.fix] and _ROWS.fix not in result.text  # a str hint has no fix
+    assert capsys.readouterr().out == result.text + "\n"
+
+    check_double.hint()
+    assert capsys.readouterr().out == f"check_double: the fix in code for your last answer:\n  - {_ROWS.fix}\n"
+
+
+@pytest.mark.parametrize(
+    "answer, concept, fix",
+    [
+        (lambda x: x + 100, "double it: reread 'Doubling'.", "return 2 * x"),  # no bug matches: the case's hint
+        (lambda x: int("x"), _SHAPE.concept, _SHAPE.fix),  # an error_hint function may return a Hint
+    ],
+    ids=["hint", "error_hint"],
+)
+def test_every_hint_of_a_case_may_have_two_levels(answer, concept, fix):
+    result = check_double(answer)
+    assert result.text.count(f"  Hint: {concept}") == 1 and fix not in result.text
+    assert result.fixes == [fix] and result.lines[-1] == "  For the fix in code: check_double.hint()"
+
+
+def test_a_hint_without_a_fix_says_nothing_of_hint():
+    result = check_double(lambda x: 3 * x if x != 3 else 2 * x)  # at x = 3, 3 x is x squared: that case is right
+    assert result.lines[-1] == "  Hint: you tripled x: reread 'Doubling'." and result.fixes == []
+
+
+def test_the_hint_call_says_why_there_is_no_fix(capsys):
+    @ex.checker
+    def check_halve(c: ex.Checker, halve) -> None:
+        """Check ``halve(x) -> x / 2``."""
+        c.case("x = 4", lambda: halve(4.0), 2.0, hint="half of it.")
+
+    check_halve.hint()
+    check_halve(lambda x: x / 2)
+    check_halve.hint()
+    check_halve(...)
+    check_halve.hint()
+    check_halve(lambda x: x)
+    check_halve.hint()
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "check_halve: no answer checked yet: run the cell that calls check_halve first."
+    assert "check_halve: your last answer passed: there is nothing to fix." in out
+    assert "check_halve: not answered yet: try it first; then, if a check fails, ask again." in out
+    assert out[-1] == "check_halve: no fix in code for this feedback: reread the hint above it."
+
+
+def test_the_record_for_the_grader_carries_no_fix(tmp_path, monkeypatch):
+    log = tmp_path / "results.jsonl"
+    monkeypatch.setenv(_framework.RESULTS_ENV, str(log))
+    result = check_double(lambda x: x**2)
+    assert result.fixes == [_ROWS.fix]
+    (line,) = log.read_text().splitlines()
+    assert _ROWS.concept in line and _ROWS.fix not in line and "fix" not in json.loads(line)
+
+
+def test_a_hint_is_a_str_or_a_hint():
+    c = ex.Checker("check_x")
+    with pytest.raises(TypeError, match=r"a hint is a str or a Hint\(concept, fix\), got int: 3"):
+        c.case("x", lambda: 1, 2, hint=3)
+
+
+# ---------------------------------------------------------------- the framework: a Spot the bug's starter as given
+
+_BUGGY_CELL = '''\
+def softmax(scores):  # find and fix the bug
+    """Each row's weights."""
+    e = torch.exp(scores - scores.max())
+    return e / e.sum(dim=0)
+'''
+
+
+@ex.checker(starter=_BUGGY_CELL)
+def check_spot_softmax(c: ex.Checker, softmax) -> None:
+    """Check ``softmax(scores)``, a Spot the bug whose starter is ``_BUGGY_CELL``."""
+    scores = torch.tensor([[1.0, 2.0], [0.0, 5.0]])
+    c.case("two rows", lambda scores: softmax(scores), torch.softmax(scores, -1), inputs={"scores": scores})
+
+
+def _defined(source: str, name: str = "softmax"):
+    namespace = {"torch": torch}
+    exec(compile(source, "<a notebook cell>", "exec"), namespace)
+    return namespace[name]
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda s: s,
+        lambda s: s.replace("# find and fix the bug", "# I looked at it"),
+        lambda s: "\n\n" + s.replace("    e = ", "\n    e  =  ").replace("(dim=0)", "( dim = 0 )  # the sum"),
+    ],
+    ids=["as given", "a comment changed", "whitespace changed"],
+)
+def test_an_untouched_spot_the_bug_starter_is_not_answered_yet(edit, capsys):
+    result = check_spot_softmax(_defined(edit(_BUGGY_CELL)))
+    assert result.status == "unanswered" and not result.lines
+    assert result.text == (
+        "check_spot_softmax: not answered yet: fix the bug in the cell marked `# find and fix the bug`, "
+        "run that cell, then this one."
+    )
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda s: s.replace("scores.max()", "scores.max(dim=-1, keepdim=True).values"),  # half the fix
+        lambda s: s.replace('"""Each row\'s weights."""', '"""Each row\'s weights, fixed."""'),  # the docstring
+        lambda s: s.replace("e / e.sum", "e / 1 / e.sum"),
+    ],
+    ids=["half fixed", "docstring", "a no-op"],
+)
+def test_a_changed_spot_the_bug_answer_is_graded(edit):
+    result = check_spot_softmax(_defined(edit(_BUGGY_CELL)))
+    assert result.status == "failed" and "1 of 1 checks failed" in result.text, result.text
+    fixed = _BUGGY_CELL.replace("scores.max()", "scores.max(-1, keepdim=True).values")
+    fixed = fixed.replace("dim=0", "dim=-1, keepdim=True")
+    assert check_spot_softmax(_defined(fixed)).passed
+    assert check_spot_softmax(lambda scores: _defined(_BUGGY_CELL)(scores)).status == "failed"  # a wrapper is code
+
+
+_BUGGY_CLASS_CELL = """\
+class Scale(nn.Module):  # find and fix the bug
+    def __init__(self, features, eps=1e-5):
+        super().__init__()
+        self.eps = eps
+
+    def forward(self, x):
+        return x / (x.std(-1, keepdim=True) + self.eps)
+"""
+
+
+def test_a_class_starter_is_compared_by_its_methods():
+    cell = _framework._compiled(_BUGGY_CLASS_CELL)
+    namespace = {"nn": torch.nn}
+    exec(_BUGGY_CLASS_CELL.replace("  # find and fix the bug", "\n\n"), namespace)
+    assert _framework._is_starter(namespace["Scale"], cell)
+    exec(_BUGGY_CLASS_CELL.replace("x.std(-1, keepdim=True)", "x.std(-1, keepdim=True, correction=0)"), namespace)
+    assert not _framework._is_starter(namespace["Scale"], cell)
+    assert not _framework._is_starter(type("Subclass", (namespace["Scale"],), {}), cell)  # no methods of its own
+    assert not _framework._is_starter(torch.softmax, cell) and not _framework._is_starter(3, cell)
+
+
+def test_same_code_ignores_whitespace_and_comments_only():
+    assert _framework.same_code(_BUGGY_CELL, "# a comment\n" + _BUGGY_CELL.replace("  # find and fix the bug", ""))
+    assert not _framework.same_code(_BUGGY_CELL, _BUGGY_CELL.replace("dim=0", "dim=-1"))
+    assert not _framework.same_code(_BUGGY_CELL, "import torch\n" + _BUGGY_CELL)
+
+
+def test_a_starter_is_declared_as_the_source_of_a_function_checker():
+    assert check_spot_softmax.starter == _BUGGY_CELL and check_double.starter is None
+    with pytest.raises(TypeError, match="starter is the source of a Spot the bug starter cell, a str, for answer="):
+        ex.checker(answer="value", starter=_BUGGY_CELL)
+    with pytest.raises(SyntaxError):  # a typo in the declared starter shows when its module is imported
+
+        @ex.checker(starter="def softmax(scores:\n")
+        def check_typo(c: ex.Checker, softmax) -> None:
+            """Check ``softmax``."""
+
+
 # ---------------------------------------------------------------- the framework: inputs the answer changes in place
 
 
@@ -662,7 +857,7 @@ def _block_after(marker: str, text: str) -> str:
     return re.search(r"```\w+\n(.*?)```", text[text.index(marker) :], re.S).group(1)
 
 
-def test_the_guides_worked_example_runs_and_prints_what_the_guide_shows():
+def test_the_guides_worked_example_runs_and_prints_what_the_guide_shows(capsys):
     text = CONTRIBUTING.read_text(encoding="utf-8")
     example: dict = {}
     exec(compile(_block_after("<!-- worked example: ", text), str(CONTRIBUTING), "exec"), example)
@@ -670,13 +865,17 @@ def test_the_guides_worked_example_runs_and_prints_what_the_guide_shows():
 
     printed = check_mean_pool(lambda x, mask: x.mean(dim=1)).text + "\n"
     assert printed == _block_after("<!-- worked example output -->", text)
+    capsys.readouterr()
+    check_mean_pool.hint()
+    assert capsys.readouterr().out == _block_after("<!-- worked example fix -->", text)
 
     def by_a_loop(x, mask):  # a right answer written another way than the reference
         return torch.stack([x[b, mask[b]].mean(dim=0) for b in range(x.shape[0])])
 
     right = check_mean_pool(by_a_loop)
     assert right.passed and f"`{right.title}`" in text  # the guide quotes its first line
-    for bug, hint in example["_MEAN_POOL_BUGS"].items():  # each row of the table names its bug
+    for bug, hint in example["_MEAN_POOL_BUGS"].items():  # each row of the table names its bug, not its fix
         result = check_mean_pool(functools.partial(example["_mean_pool"], bug=bug))
-        assert not result.passed and hint in result.text, (bug, result.text)
+        assert not result.passed and hint.concept in result.text and hint.fix not in result.text, (bug, result.text)
+        assert result.fixes == [hint.fix]
     assert check_mean_pool(...).status == "unanswered"

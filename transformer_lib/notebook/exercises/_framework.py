@@ -2,15 +2,18 @@
 
 A checker is ``def check_x(c: Checker, answer) -> None`` running its hidden cases with ``c.case(...)``;
 ``@checker`` makes it the public ``check_x(answer) -> CheckResult``, which refuses a non-callable answer, says
-"not answered yet" to a starter left as ``...``, keeps the reader's random streams, prints the feedback and
-records it for the grader (:data:`RESULTS_ENV`). ``@checker(answer="value")`` checks a value (a prediction).
-CONTRIBUTING.md ("Writing a checker") walks through one.
+"not answered yet" to a starter left as ``...`` (or, with ``@checker(starter=SOURCE)``, to a *Spot the bug*
+starter left as given), keeps the reader's random streams, prints the feedback and records it for the grader
+(:data:`RESULTS_ENV`). ``@checker(answer="value")`` checks a value (a prediction). CONTRIBUTING.md ("Writing a
+checker") walks through one.
 
 A case hands the answer copies of its ``inputs``, gives it :data:`CASE_TIMEOUT_SECONDS`, and turns anything odd
 it does (raise, even ``sys.exit()``; hang; change its inputs in place; return a sparse tensor, one on another
 device or of another dtype) into a failed case with feedback, never a crash; only ``KeyboardInterrupt`` (the
 reader pressing stop) goes through. A wrong result is looked up among the checker's known bugs
-(:func:`bug_table`) to show that bug's hint.
+(:func:`bug_table`) to show that bug's hint. A hint has two levels (:class:`Hint`): the failed check prints
+each failed case, then each distinct concept once; ``check_x.hint()`` prints the fixes in code of the last
+failed call, which the grader never sees.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import signal
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from types import CodeType
 from typing import Any
 
 import numpy as np
@@ -51,13 +55,15 @@ _ALARM_REPEAT_SECONDS = 0.1  # after the time limit, interrupt again this often:
 
 @dataclass
 class CheckResult:
-    """Outcome of a checker: ``passed``, one line per case, and ``status``: "passed", "failed" or
-    "unanswered" (the answer is still the starter cell's ``...``)."""
+    """Outcome of a checker: ``passed``; the printed ``lines``, one per case, then the hints' concepts;
+    ``status``: "passed", "failed" or "unanswered" (the answer is still the starter cell as given); and the
+    ``fixes`` in code, printed only by ``check_x.hint()`` and never recorded for the grader."""
 
     title: str
     passed: bool
     lines: list[str] = field(default_factory=list)
     status: str = ""
+    fixes: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.status:
@@ -65,7 +71,7 @@ class CheckResult:
 
     @property
     def text(self) -> str:
-        """The title followed by one line per case, as printed."""
+        """The title followed by the lines, as printed (no fix in code)."""
         return "\n".join([self.title, *self.lines])
 
     def __bool__(self) -> bool:
@@ -88,16 +94,26 @@ class Hint:
         return self.concept
 
 
+def _as_hint(hint: str | Hint) -> Hint:
+    """``hint`` as a :class:`Hint`: a plain ``str`` is a concept without a fix."""
+    if isinstance(hint, Hint):
+        return hint
+    if isinstance(hint, str):
+        return Hint(hint)
+    raise TypeError(f"a hint is a str or a Hint(concept, fix), got {type(hint).__name__}: {hint!r}")
+
+
 @dataclass
 class Bug:
-    """A known wrong implementation: if the answer equals ``fn()``, show ``hint``."""
+    """A known wrong implementation: if the answer equals ``fn()``, show ``hint`` (a ``str`` or a :class:`Hint`)."""
 
     fn: Callable[[], Any]
-    hint: str
+    hint: str | Hint
 
 
-def bug_table(table: dict[str, str], wrong: Callable[..., Any], /, *args: Any) -> tuple[Bug, ...]:
-    """The :class:`Bug` of each entry ``bug: hint`` of a checker's table of classic mistakes.
+def bug_table(table: dict[str, str | Hint], wrong: Callable[..., Any], /, *args: Any) -> tuple[Bug, ...]:
+    """The :class:`Bug` of each entry ``bug: hint`` of a checker's table of classic mistakes (a hint is a
+    ``str`` or a :class:`Hint`).
 
     ``wrong`` is the checker's reference with a switch for each mistake: the entry's wrong answer is
     ``wrong(*args, bug=bug)``, computed only if the answer fails the case. An entry whose wrong answer is
@@ -335,7 +351,8 @@ def _run_in_thread(call: Callable[[], Any], seconds: float) -> tuple[Any, BaseEx
 
 # ---------------------------------------------------------------- one case: what went wrong, and the hint
 
-_Failure = tuple[str, str]  # (what is wrong, the hint)
+_Failure = tuple[str, str | Hint]  # (what is wrong, the hint)
+ErrorHint = str | Hint | Callable[[Exception], str | Hint]  # a hint, or one function of the exception
 
 _TIMEOUT_HINT = (
     "look for a loop that never ends (a `while` whose condition never changes), or one over every "
@@ -350,7 +367,7 @@ _IN_PLACE_HINT = (
 
 
 def _error_failure(
-    error: BaseException | None, seconds: float, error_hint: str | Callable[[Exception], str], hint: str
+    error: BaseException | None, seconds: float, error_hint: ErrorHint, hint: str | Hint
 ) -> _Failure | None:
     """The answer raised ``error`` or ran out of time: say so, with ``error_hint`` (maybe a function of the
     exception) or ``hint``."""
@@ -381,7 +398,7 @@ def _in_place_failure(inputs: dict[str, Any], copies: dict[str, Any]) -> _Failur
     return None
 
 
-def _result_failure(got: Any, expected: Any, bugs: Iterable[Bug], hint: str, atol: float) -> _Failure | None:
+def _result_failure(got: Any, expected: Any, bugs: Iterable[Bug], hint: str | Hint, atol: float) -> _Failure | None:
     try:  # an odd result (sparse, on another device, a subclass) must not crash the checker either
         problem = _difference(got, expected, atol)
     except Exception as e:
@@ -391,7 +408,7 @@ def _result_failure(got: Any, expected: Any, bugs: Iterable[Bug], hint: str, ato
     return problem, _hint_of_matching_bug(got, expected, bugs, atol) or hint
 
 
-def _hint_of_matching_bug(got: Any, expected: Any, bugs: Iterable[Bug], atol: float) -> str:
+def _hint_of_matching_bug(got: Any, expected: Any, bugs: Iterable[Bug], atol: float) -> str | Hint:
     """The hint of the first bug that gives ``got`` (NaN read as 0: a softmax over all -inf still identifies the
     bug that made it); a bug that gives the right result on this case is skipped."""
     for bug in bugs:
@@ -405,10 +422,12 @@ def _hint_of_matching_bug(got: Any, expected: Any, bugs: Iterable[Bug], atol: fl
 
 
 class Checker:
-    """Runs a checker's cases, collects one feedback line per case and counts the failures."""
+    """Runs a checker's cases, collects one feedback line per case and the failed cases' hints, and counts the
+    failures."""
 
     def __init__(self, title: str, timeout_seconds: float | None = None) -> None:
         self.title, self.lines, self.failures = title, [], 0
+        self.hints: list[Hint] = []  # of the failed cases, each once, in order
         self.timeout_seconds = timeout_seconds  # None: CASE_TIMEOUT_SECONDS, read when a case runs
 
     def case(
@@ -417,8 +436,8 @@ class Checker:
         answer: Callable[..., Any],
         expected: Any,
         bugs: Iterable[Bug] = (),
-        hint: str = "",
-        error_hint: str | Callable[[Exception], str] = "",
+        hint: str | Hint = "",
+        error_hint: ErrorHint = "",
         atol: float = 1e-5,
         inputs: dict[str, Any] | None = None,
     ) -> None:
@@ -428,7 +447,8 @@ class Checker:
         copies of them as keyword arguments (``lambda x, n_heads: split_heads(x, n_heads)``), and the case
         fails, naming the input, if the answer changes its copies in place. ``expected`` is copied before the
         answer runs, so it cannot change either. ``error_hint`` (the hint when the answer raises) may be a
-        function of the exception, to hint only at the mistake that raises it.
+        function of the exception, to hint only at the mistake that raises it. Every hint (these two, and each
+        bug's) is a ``str`` (a concept) or a :class:`Hint` (a concept and its fix in code).
         """
         expected = _independent_copy(expected)
         inputs = inputs or {}
@@ -446,18 +466,25 @@ class Checker:
         else:
             self.lines.append(f"  ✅ {name}")
 
-    def _fail(self, name: str, problem: str, hint: str) -> None:
+    def _fail(self, name: str, problem: str, hint: str | Hint) -> None:
         self.failures += 1
         self.lines.append(f"  ❌ {name}: {problem}")
-        if hint:
-            self.lines.append(f"     Hint: {hint}")
+        hint = _as_hint(hint)
+        if (hint.concept or hint.fix) and hint not in self.hints:
+            self.hints.append(hint)
 
     def done(self, quiet: bool = False) -> CheckResult:
-        """The summary and the feedback lines as a :class:`CheckResult`, printed unless ``quiet``."""
-        n = sum(1 for line in self.lines if line.startswith(("  ✅", "  ❌")))
+        """The summary, one line per case, then each distinct concept of the failed cases' hints once (and how
+        to see their fixes) as a :class:`CheckResult`, printed unless ``quiet``."""
+        n = len(self.lines)
         passed = self.failures == 0
         summary = f"All {n} checks passed." if passed else f"{self.failures} of {n} checks failed."
-        result = CheckResult(f"{self.title}: {summary}", passed, self.lines)
+        concepts = dict.fromkeys(h.concept for h in self.hints if h.concept)
+        fixes = list(dict.fromkeys(h.fix for h in self.hints if h.fix))
+        lines = [*self.lines, *(f"  Hint: {concept}" for concept in concepts)]
+        if fixes:
+            lines.append(f"  For the fix in code: {self.title}.hint()")
+        result = CheckResult(f"{self.title}: {summary}", passed, lines, fixes=fixes)
         if not quiet:
             print(result.text)
         return result
@@ -495,13 +522,68 @@ def is_unanswered(answer: Any) -> bool:
     return code is not None and _instructions(code) == _STUB_CODE
 
 
-def _not_answered(title: str, answer: str) -> CheckResult:
-    where = (
-        "write your function in the cell marked `# your code here`"
-        if answer == "function"
-        else "replace the `...` in the cell marked `# your number here` with your prediction"
-    )
+def _normalised(code: CodeType) -> CodeType:
+    """``code`` and the code nested in it without names, file and line numbers: two sources that differ only
+    in whitespace, comments or blank lines compile to equal normalised code; any other change does not."""
+    consts = tuple(_normalised(c) if isinstance(c, CodeType) else c for c in code.co_consts)
+    names = {"co_qualname": ""} if hasattr(code, "co_qualname") else {}  # Python 3.11+
+    return code.replace(co_name="", co_filename="", co_firstlineno=1, co_linetable=b"", co_consts=consts, **names)
+
+
+def _compiled(source: str) -> CodeType:
+    """``source`` (a notebook cell) compiled as a module, without this file's ``from __future__`` imports."""
+    return compile(source, "<cell>", "exec", dont_inherit=True)
+
+
+def same_code(source: str, other: str) -> bool:
+    """Whether two cells' sources are the same code: they may differ in whitespace and comments only."""
+    return _normalised(_compiled(source)) == _normalised(_compiled(other))
+
+
+def _methods(namespace: dict[str, Any]) -> dict[str, CodeType]:
+    """The normalised code of the functions in a class's ``namespace`` (decorators looked through)."""
+    methods = {}
+    for name, value in namespace.items():
+        function = inspect.unwrap(getattr(value, "__func__", getattr(value, "fget", value)))
+        if isinstance(getattr(function, "__code__", None), CodeType):
+            methods[name] = _normalised(function.__code__)
+    return methods
+
+
+def _is_starter(answer: Any, cell: CodeType) -> bool:
+    """Whether ``answer``, a function or a class, has the code of one that the starter ``cell`` defines. A
+    class is compared by its methods' code (a class body's nested code objects), and only functions' code
+    is compared: not their defaults, nor a class's bases and attributes."""
+    definitions = [c for c in cell.co_consts if isinstance(c, CodeType)]  # the cell's functions and class bodies
+    if isinstance(answer, type):
+        methods = _methods(vars(answer))
+        bodies = [{c.co_name: _normalised(c) for c in b.co_consts if isinstance(c, CodeType)} for b in definitions]
+        return bool(methods) and methods in bodies
+    code = getattr(inspect.unwrap(answer), "__code__", None) if callable(answer) else None
+    return isinstance(code, CodeType) and _normalised(code) in map(_normalised, definitions)
+
+
+def _not_answered(title: str, answer: str, spot_the_bug: bool = False) -> CheckResult:
+    if spot_the_bug:
+        where = "fix the bug in the cell marked `# find and fix the bug`"
+    elif answer == "function":
+        where = "write your function in the cell marked `# your code here`"
+    else:
+        where = "replace the `...` in the cell marked `# your number here` with your prediction"
     return CheckResult(f"{title}: {NOT_ANSWERED}: {where}, run that cell, then this one.", False, status="unanswered")
+
+
+def _fixes_text(title: str, last: CheckResult | None) -> str:
+    """What ``check_x.hint()`` prints: the fixes in code of the checker's last call, or why there are none."""
+    if last is None:
+        return f"{title}: no answer checked yet: run the cell that calls {title} first."
+    if last.passed:
+        return f"{title}: your last answer passed: there is nothing to fix."
+    if last.status == "unanswered":
+        return f"{title}: {NOT_ANSWERED}: try it first; then, if a check fails, ask again."
+    if not last.fixes:
+        return f"{title}: no fix in code for this feedback: reread the hint above it."
+    return "\n".join([f"{title}: the fix in code for your last answer:", *(f"  - {fix}" for fix in last.fixes)])
 
 
 def _record(result: CheckResult) -> None:
@@ -514,23 +596,35 @@ def _record(result: CheckResult) -> None:
             f.write(json.dumps(record) + "\n")
 
 
-def checker(body: Callable[[Checker, Any], None] | None = None, /, *, answer: str = "function") -> Any:
+def checker(
+    body: Callable[[Checker, Any], None] | None = None, /, *, answer: str = "function", starter: str | None = None
+) -> Any:
     """Turn ``body(c, answer)`` into the public ``check_<name>(answer) -> CheckResult`` of the same name.
 
     ``@checker`` checks a function; ``@checker(answer="value")`` checks a value (a prediction), passed to
     ``body`` as it is. Either way an unanswered starter (``...``) gets "not answered yet" and no case runs,
-    and every call is recorded for the grader (:data:`RESULTS_ENV`).
+    and every call is recorded for the grader (:data:`RESULTS_ENV`). ``@checker(starter=SOURCE)`` declares a
+    *Spot the bug* exercise's starter cell, ``SOURCE`` (its source as in the notebook): an answer with the
+    code of a function or class it defines, unchanged but for whitespace and comments, is "not answered yet".
+    ``check_<name>.hint()`` prints the fixes in code of its last call; ``check_<name>.starter`` is ``SOURCE``.
     """
     if answer not in ("function", "value"):
         raise ValueError(f'answer must be "function" or "value", got {answer!r}')
+    if starter is not None and (answer != "function" or not isinstance(starter, str)):
+        raise TypeError(
+            f'starter is the source of a Spot the bug starter cell, a str, for answer="function"; got '
+            f"{type(starter).__name__} with answer={answer!r}"
+        )
     if body is None:
-        return functools.partial(checker, answer=answer)
+        return functools.partial(checker, answer=answer, starter=starter)
     title = body.__name__
     _, answer_parameter = inspect.signature(body).parameters.values()
+    starter_cell = None if starter is None else _compiled(starter)  # a typo in it fails at import
+    last: list[CheckResult] = []  # the last call's result, for check.hint()
 
     def run(given: Any) -> CheckResult:
-        if is_unanswered(given):
-            return _not_answered(title, answer)
+        if is_unanswered(given) or starter_cell is not None and _is_starter(given, starter_cell):
+            return _not_answered(title, answer, spot_the_bug=starter is not None)
         if answer == "function" and not callable(given):
             return CheckResult(f"{title}: expected a function, got {type(given).__name__}", False)
         c = Checker(title)
@@ -541,6 +635,7 @@ def checker(body: Callable[[Checker, Any], None] | None = None, /, *, answer: st
     @functools.wraps(body)
     def check(given: Any, /) -> CheckResult:
         result = run(given)
+        last[:] = [result]
         print(result.text)
         try:
             _record(result)
@@ -556,4 +651,12 @@ def checker(body: Callable[[Checker, Any], None] | None = None, /, *, answer: st
         name: annotation for name, annotation in body.__annotations__.items() if name == answer_parameter.name
     } | {"return": CheckResult}
     check.answer_kind = answer  # "function" or "value": what the grader and the tests hand it
+    check.starter = starter  # a Spot the bug's starter cell, or None
+
+    def hint() -> None:
+        """Print the fixes in code for the last answer this checker failed (the feedback gives the concepts)."""
+        print(_fixes_text(title, last[0] if last else None))
+
+    hint.__qualname__ = f"{title}.hint"
+    check.hint = hint
     return check
