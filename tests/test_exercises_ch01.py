@@ -15,10 +15,14 @@ from transformer_lib.notebook.exercises import ch01_attention
 # ---------------------------------------------------------------- Spot the bug: the much-copied softmax
 
 
-def snippet(scores):
-    """The exercise's starter: the StackOverflow softmax, ported to PyTorch."""
+def snippet(scores):  # the exercise's starter: the StackOverflow softmax, ported to PyTorch
     e = torch.exp(scores - scores.max())
     return e / e.sum(dim=0)
+
+
+def fixed_but_renamed(scores):  # a changed answer with both bugs still in it
+    exps = torch.exp(scores - scores.max())
+    return exps / exps.sum(dim=0)
 
 
 def fixed(scores):
@@ -33,9 +37,29 @@ def test_softmax_accepts_the_fix_and_torch():
 
 
 def test_softmax_names_both_bugs_of_the_snippet():
-    result = ex.check_softmax(snippet)
+    result = ex.check_softmax(fixed_but_renamed)
     assert not result.passed and "✅ the snippet's own example" in result.text  # right on one row ...
-    assert result.text.count("Two bugs: the sum runs over axis 0") == 5, result.text  # ... and both bugs named
+    assert result.text.count("❌") == 5  # ...
+    assert result.text.count("Two bugs: the sum runs over axis 0") == 1  # ... and both bugs named, once
+    assert result.fixes == [
+        "sum over the last axis, keeping it: e.sum(dim=-1, keepdim=True); and subtract each "
+        "row's own maximum, scores.max(dim=-1, keepdim=True).values."
+    ]
+    assert "keepdim" not in result.text  # the fix in code only when asked for
+
+
+def cell(source):
+    """The function a notebook cell of ``source`` defines (compiled as a cell is, without this file's imports)."""
+    namespace = {"torch": torch}
+    exec(compile(source, "<cell>", "exec", dont_inherit=True), namespace)
+    return next(v for k, v in namespace.items() if callable(v) and k != "torch")
+
+
+def test_softmax_calls_the_untouched_starter_not_answered_yet():
+    starter = ch01_attention.SOFTMAX_STARTER
+    assert ex.check_softmax(cell(starter)).status == "unanswered"
+    assert ex.check_softmax(cell(starter.replace("# find and fix the bugs", "# TODO"))).status == "unanswered"
+    assert ex.check_softmax(cell(starter.replace("dim=0", "dim=-1"))).status == "failed"  # tried: graded
 
 
 @pytest.mark.parametrize(
@@ -43,7 +67,7 @@ def test_softmax_names_both_bugs_of_the_snippet():
     [
         (  # the axis fixed, the global maximum kept: only rows far below the maximum break
             lambda s: torch.exp(s - s.max()) / torch.exp(s - s.max()).sum(dim=-1, keepdim=True),
-            "scores.max() is the maximum of the WHOLE tensor",
+            "the maximum you subtract is the maximum of the WHOLE tensor",
             1,
         ),
         (  # the maximum fixed, the axis kept
@@ -52,7 +76,7 @@ def test_softmax_names_both_bugs_of_the_snippet():
             5,
         ),
         (lambda s: s.exp() / s.exp().sum(-1, keepdim=True), "overflows to inf", 1),  # no maximum subtracted
-        (lambda s: torch.exp(s - s.max()) / torch.exp(s - s.max()).sum(), "Two bugs: e.sum() adds every entry", 5),
+        (lambda s: torch.exp(s - s.max()) / torch.exp(s - s.max()).sum(), "Two bugs: the sum adds every entry", 5),
         (lambda s: fixed(s).transpose(-2, -1) if s.dim() > 1 else fixed(s), "", 5),  # no hint needed, must fail
     ],
     ids=["global max", "axis 0", "no max", "sum of everything", "transposed"],
@@ -71,7 +95,8 @@ def test_softmax_without_keepdim_gets_a_hint_whether_it_raises_or_not():
 
     result = ex.check_softmax(no_keepdim)
     assert "raised RuntimeError" in result.text and "the row sums do not broadcast" in result.text  # (3, 4)
-    assert "without keepdim=True the row sums" in result.text  # the square (4, 4) case runs, silently wrong
+    assert "the row sums lost their axis" in result.text  # the square (4, 4) case runs, silently wrong
+    assert "keep the summed axis: e.sum(dim=-1, keepdim=True)" in result.fixes and "keepdim" not in result.text
 
 
 def test_softmax_survives_a_stub_and_a_crash():
@@ -111,13 +136,14 @@ def test_score_std_accepts_a_reasoned_prediction(prediction):
         (8, "sqrt(d_model) = 8 is the std of one entry"),
         (256, "before the division by sqrt(d_k)"),
         (4096, "that is the variance"),
-        (20, "apply the chapter's argument twice"),
+        (20, "apply the argument of 'Why divide by √d_k? Measure it' twice"),
     ],
 )
 def test_score_std_explains_a_wrong_prediction(prediction, words):
     result = ex.check_score_std(prediction)
     assert not result.passed and words in result.text, result.text
     assert "expected 64 (within 6.4)" in result.text
+    assert "standard deviation of d_model" not in result.text  # the derivation only when asked for
 
 
 def test_score_std_refuses_odd_answers_without_raising():
@@ -164,7 +190,7 @@ def _with_scores(scores_of, dim=-1):
     [
         (_with_scores(lambda q, k, t: torch.cdist(q, k) ** 2 / t), "the FARTHEST key wins"),
         (_with_scores(lambda q, k, t: -torch.cdist(q, k) / t), "minus the SQUARED distance"),
-        (_with_scores(lambda q, k, t: -(torch.cdist(q, k) ** 2) * t), "don't multiply"),
+        (_with_scores(lambda q, k, t: -(torch.cdist(q, k) ** 2) * t), "your temperature multiplies the scores"),
         (_with_scores(lambda q, k, t: q @ k.transpose(-2, -1) / t), "those are dot-product scores"),
         (_with_scores(lambda q, k, t: -(torch.cdist(q, k) ** 2) / t, dim=-2), "runs over the queries"),
     ],
@@ -172,8 +198,9 @@ def _with_scores(scores_of, dim=-1):
 )
 def test_distance_attention_names_each_bug(answer, words):
     result = ex.check_distance_attention(answer)
-    assert not result.passed
-    assert result.text.count(words) >= 3, result.text  # at least every case where it differs
+    assert not result.passed and result.text.count("❌") >= 3  # at least every case where it differs
+    assert result.text.count(words) == 1, result.text  # named once
+    assert "q[..., :, None, :]" not in result.text and "dim=-1" not in result.text  # no code of the fix
 
 
 @pytest.mark.filterwarnings("ignore:The use of `x.T`")
@@ -185,21 +212,23 @@ def test_distance_attention_hints_at_k_T_only_when_k_T_raised():
 
     result = ex.check_distance_attention(uses_dot_T)
     assert "✅ one query" in result.text and "✅ 3 queries" in result.text  # right without a batch
-    assert result.text.count("k.T reverses ALL the axes") == 2, result.text
+    assert result.text.count("❌") == 2 and result.text.count("k.T reverses ALL the axes") == 1, result.text
+    assert result.fixes == ["use k.transpose(-2, -1) (or k.mT), which swaps only the last two."]
 
     def raises(q, k, v, temperature=1.0):
         raise ValueError("something else went wrong")
 
     other = ex.check_distance_attention(raises)
     assert "raised ValueError: something else went wrong" in other.text
-    assert "k.T" not in other.text and other.text.count("check each step's shapes") == 4
+    assert "k.T" not in other.text and other.text.count("check each step's shapes") == 1
 
     def no_new_axes(q, k, v, temperature=1.0):  # a shape error that k.T did not cause
         w = torch.softmax(-(q - k).pow(2).sum(-1) / temperature, dim=-1)
         return w @ v, w
 
     shapes = ex.check_distance_attention(no_new_axes)
-    assert not shapes.passed and "k.T" not in shapes.text and "q[..., :, None, :]" in shapes.text
+    assert not shapes.passed and "k.T" not in shapes.text and "q[..., :, None, :]" not in shapes.text
+    assert any("q[..., :, None, :] - k[..., None, :, :]" in fix for fix in shapes.fixes)
 
 
 def test_distance_attention_survives_a_stub():

@@ -13,12 +13,27 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ._framework import Bug, Checker, bug_table, checker
+from ._framework import Bug, Checker, Hint, bug_table, checker
 
 __all__ = ["check_softmax", "check_score_std", "check_distance_attention"]
 
+ANSWER_MARKERS: dict[str, tuple[str, ...]] = {  # exercise label -> what gives its answer away
+    "ex-softmax": ("max(dim=-1, keepdim=True)", "max(-1, keepdim=True)", "sum(dim=-1, keepdim=True)"),
+    "ex-score-spread": ("standard deviation of 64", "standard deviation of d_model", "variance is d_model"),
+    "ex-distance-attention": ("q[..., :, None, :] - k[..., None, :, :]", "temperature $\\tau / 2$", "scale=2.0"),
+    "ex-convex": ("non-negative and sum to one", "convex combination of the values, which"),
+}
+
 
 # ---------------------------------------------------------------- Spot the bug: a much-copied softmax
+
+SOFTMAX_STARTER = """\
+def softmax(scores):
+    # find and fix the bugs
+    e = torch.exp(scores - scores.max())  # subtract the max: exp never overflows
+    return e / e.sum(dim=0)
+"""
+"""The exercise's starter cell: answered with this code unchanged, the check says "not answered yet"."""
 
 
 def _wrong_softmax(x: Tensor, *, bug: str) -> Tensor:
@@ -40,38 +55,58 @@ def _wrong_softmax(x: Tensor, *, bug: str) -> Tensor:
     return e.nan_to_num(0.0, posinf=float("inf"), neginf=float("-inf"))
 
 
-_AXIS = (
-    "the sum runs over axis 0, which fits scores stored one example per column: each COLUMN sums to 1; "
-    "each query's weights over the keys, the last axis, must sum to 1: e.sum(dim=-1, keepdim=True)"
+_SCALED = "reread 'Scaled dot-product attention': the softmax runs over each row"
+_AXIS = Hint(
+    "the sum runs over axis 0, which fits scores stored one example per column: each COLUMN sums to 1, while "
+    f"each query's weights over the keys, the last axis, must sum to 1 ({_SCALED})",
+    "sum over the last axis, keeping it: e.sum(dim=-1, keepdim=True)",
 )
-_EVERYTHING = "e.sum() adds every entry; each row must sum to 1: e.sum(dim=-1, keepdim=True)"
-_MAXIMUM = (
-    "scores.max() is the maximum of the WHOLE tensor: a row far below it underflows to exp(...) = 0 "
-    "everywhere, and 0 / 0 is NaN; subtract each row's own maximum, scores.max(dim=-1, keepdim=True).values"
+_EVERYTHING = Hint(
+    f"the sum adds every entry of the tensor, so all the weights together sum to 1; each row must sum to 1 ({_SCALED})",
+    "e.sum(dim=-1, keepdim=True)",
 )
+_MAXIMUM = Hint(
+    "the maximum you subtract is the maximum of the WHOLE tensor: a row far below it underflows to exp(...) = 0 "
+    "everywhere, and 0 / 0 is NaN. Each row needs a constant of its own (reread 'The dot product as similarity': "
+    "a softmax is unchanged by a constant added to a whole row)",
+    "subtract each row's own maximum, scores.max(dim=-1, keepdim=True).values",
+)
+
+
+def _both(first: Hint, second: Hint) -> Hint:
+    return Hint(f"Two bugs: {first.concept}; and {second.concept}.", f"{first.fix}; and {second.fix}.")
+
+
 _SOFTMAX_BUGS = {  # bug -> hint, for _wrong_softmax(..., bug=bug): the snippet's two bugs, alone and together
-    "no max": "exp of a large score overflows to inf, and inf / inf is NaN: subtract each row's maximum first "
-    "(softmax is unchanged by adding the same constant to every score of a row).",
-    "whole max, axis 0": f"Two bugs: {_AXIS}; and {_MAXIMUM}.",
-    "whole max": _MAXIMUM + ".",
-    "whole max, all": f"Two bugs: {_EVERYTHING}; and {_MAXIMUM}.",
-    "axis 0": _AXIS + ".",
-    "all": _EVERYTHING + ".",
-    "no keepdim": "without keepdim=True the row sums, shape (..., T_q), broadcast along the LAST axis: key j is "
-    "divided by row j's sum. Keep the axis: e.sum(dim=-1, keepdim=True).",
+    "no max": Hint(
+        "exp of a large score overflows to inf, and inf / inf is NaN. A softmax is unchanged by adding the same "
+        "constant to every score of a row: reread 'The dot product as similarity'.",
+        "subtract each row's maximum first: scores - scores.max(dim=-1, keepdim=True).values",
+    ),
+    "whole max, axis 0": _both(_AXIS, _MAXIMUM),
+    "whole max": Hint(_MAXIMUM.concept + ".", _MAXIMUM.fix),
+    "whole max, all": _both(_EVERYTHING, _MAXIMUM),
+    "axis 0": Hint(_AXIS.concept + ".", _AXIS.fix),
+    "all": Hint(_EVERYTHING.concept + ".", _EVERYTHING.fix),
+    "no keepdim": Hint(
+        "the row sums lost their axis: of shape (..., T_q), they broadcast along the LAST axis, so key j is "
+        "divided by row j's sum instead of its own row's.",
+        "keep the summed axis: e.sum(dim=-1, keepdim=True)",
+    ),
 }
 
 
-def _softmax_error_hint(error: Exception) -> str:
+def _softmax_error_hint(error: Exception) -> Hint | str:
     if "must match the size" in str(error):
-        return (
-            "the row sums do not broadcast against the scores: sum with keepdim=True, e.sum(dim=-1, keepdim=True), "
-            "and take the maximum with keepdim=True too."
+        return Hint(
+            "the row sums do not broadcast against the scores: each row's sum must keep its place as an axis of "
+            "size 1.",
+            "sum with keepdim=True, e.sum(dim=-1, keepdim=True), and take the maximum with keepdim=True too.",
         )
     return ""
 
 
-@checker
+@checker(starter=SOFTMAX_STARTER)
 def check_softmax(c: Checker, softmax: Callable[[Tensor], Tensor]) -> None:
     """Check ``softmax(scores) -> weights`` over the last axis, numerically stable for every row.
 
@@ -98,7 +133,10 @@ def check_softmax(c: Checker, softmax: Callable[[Tensor], Tensor]) -> None:
             lambda scores: softmax(scores),
             torch.softmax(scores, dim=-1),
             bugs=bug_table(_SOFTMAX_BUGS, _wrong_softmax, scores),
-            hint="e = (scores - scores.max(dim=-1, keepdim=True).values).exp(), then e / e.sum(dim=-1, keepdim=True).",
+            hint=Hint(
+                f"each query's weights over the keys must be positive and sum to 1, without overflow ({_SCALED}).",
+                "e = (scores - scores.max(dim=-1, keepdim=True).values).exp(), then e / e.sum(dim=-1, keepdim=True).",
+            ),
             error_hint=_softmax_error_hint,
             inputs={"scores": scores},
         )
@@ -148,10 +186,13 @@ def check_score_std(c: Checker, prediction: float) -> None:
             ),
             Bug(lambda: expected**2, "that is the variance; the question asks for the standard deviation."),
         ),
-        hint="apply the chapter's argument twice. An entry of q is a sum of d_model products of independent "
-        "unit-variance numbers, so its variance is d_model; the same for k. A score sums d_k products q_i k_i, "
-        "each of variance d_model · d_model, so its variance is d_k · d_model²; dividing by sqrt(d_k) leaves "
-        "d_model², a standard deviation of d_model.",
+        hint=Hint(
+            "apply the argument of 'Why divide by √d_k? Measure it' twice: first to one entry of q = x W_q, a sum "
+            "of d_model products, then to the score, a sum of d_k products q_i k_i.",
+            "an entry of q is a sum of d_model products of independent unit-variance numbers, so its variance is "
+            "d_model; the same for k. A score sums d_k products q_i k_i, each of variance d_model · d_model, so its "
+            "variance is d_k · d_model²; dividing by sqrt(d_k) leaves d_model², a standard deviation of d_model.",
+        ),
         atol=0.1 * expected,
     )
 
@@ -184,16 +225,31 @@ def _wrong_distance_attention(q: Tensor, k: Tensor, v: Tensor, temperature: floa
     return weights @ v, weights
 
 
+_DISTANCE_SCORE = "-||q_i - k_j||² / temperature"
 _DISTANCE_BUGS = {  # bug -> hint, for _wrong_distance_attention(..., bug=bug)
-    "farthest": "the score grows with the distance, so the FARTHEST key wins: use minus the squared distance, "
-    "-||q - k||² / temperature.",
-    "distance": "that is minus the distance; the exercise scores with minus the SQUARED distance, ||q - k||² "
-    "(as a Gaussian kernel does), which is what ties it to the dot product.",
-    "times temperature": "divide the scores by the temperature, don't multiply.",
-    "dot product": "those are dot-product scores q·k; this exercise scores a key by its distance to the query, "
-    "-||q - k||² / temperature.",
-    "over queries": "the softmax runs over the queries (dim=-2); each query's weights must sum to 1 over the keys: "
-    "dim=-1.",
+    "farthest": Hint(
+        "the score grows with the distance, so the FARTHEST key wins; the nearest key must score highest.",
+        f"use minus the squared distance, {_DISTANCE_SCORE}.",
+    ),
+    "distance": Hint(
+        "that is minus the distance; the exercise scores with minus the SQUARED distance (as a Gaussian kernel "
+        "does), which is what ties it to the dot product.",
+        "square the distances: -(q[..., :, None, :] - k[..., None, :, :]).pow(2).sum(-1) / temperature.",
+    ),
+    "times temperature": Hint(
+        "your temperature multiplies the scores; a temperature divides them (reread 'From a hard lookup to a soft "
+        "one').",
+        "divide the scores by the temperature, don't multiply.",
+    ),
+    "dot product": Hint(
+        "those are dot-product scores q·k; this exercise scores a key by its distance to the query.",
+        f"{_DISTANCE_SCORE}, from the differences q[..., :, None, :] - k[..., None, :, :].",
+    ),
+    "over queries": Hint(
+        "the softmax runs over the queries; each query's weights must sum to 1 over the keys (reread 'Scaled "
+        "dot-product attention').",
+        "softmax over the last axis, dim=-1.",
+    ),
 }
 
 
@@ -215,17 +271,17 @@ def uses_dot_T(line: str) -> bool:
     return re.search(r"\.T\b", line) is not None
 
 
-def _distance_error_hint(error: Exception) -> str:
+def _distance_error_hint(error: Exception) -> Hint:
     """The ``k.T`` hint for the error ``k.T`` causes on batched keys; else a reminder of the shapes."""
     if uses_dot_T(line_that_raised(error)) or re.search(r"`?x\.T`? on tensors", str(error)):
-        return (
-            "k.T reverses ALL the axes of a batched k: use k.transpose(-2, -1) (or k.mT), which swaps only the "
-            "last two."
+        return Hint(
+            "k.T reverses ALL the axes of a batched k, not only the last two (reread 'Build it by hand, then check').",
+            "use k.transpose(-2, -1) (or k.mT), which swaps only the last two.",
         )
-    return (
+    return Hint(
         "check each step's shapes: q (..., T_q, d), k (..., T_k, d), v (..., T_k, d_v), with any leading axes. "
-        "The pairwise differences need a new axis on each side: q[..., :, None, :] - k[..., None, :, :] is "
-        "(..., T_q, T_k, d)."
+        "Every query meets every key, so the pairwise differences are (..., T_q, T_k, d).",
+        "give each side a new axis: q[..., :, None, :] - k[..., None, :, :] is (..., T_q, T_k, d).",
     )
 
 
@@ -268,8 +324,11 @@ def check_distance_attention(c: Checker, distance_attention: Callable[..., tuple
             lambda q, k, v, temperature: distance_attention(q, k, v, temperature),
             reference_distance_attention(q, k, v, temperature),
             bugs=bug_table(_DISTANCE_BUGS, _wrong_distance_attention, q, k, v, temperature),
-            hint="weights = softmax(-||q_i - k_j||² / temperature) over the keys (dim=-1); "
-            "return (weights @ v, weights).",
+            hint=Hint(
+                f"score every query against every key with {_DISTANCE_SCORE}, turn each query's scores into "
+                "weights over the keys, and return the output and the weights.",
+                f"weights = softmax({_DISTANCE_SCORE}) over the keys (dim=-1); return (weights @ v, weights).",
+            ),
             error_hint=_distance_error_hint,
             atol=1e-4,  # ||q||² - 2 q·k + ||k||² and the direct differences round differently
             inputs={"q": q, "k": k, "v": v, "temperature": temperature},
