@@ -1,7 +1,9 @@
 """The checkers accept right answers and name the classic bugs in wrong ones, without crashing."""
 
+import ast
 import copy
 import functools
+import importlib
 import inspect
 import json
 import math
@@ -31,6 +33,7 @@ from transformer_lib.norms import LayerNorm
 from transformer_lib.notebook import exercises as ex
 from transformer_lib.notebook.exercises import (
     _framework,
+    catalogue,
     ch01_attention,
     ch02_masking,
     ch03_multi_head_attention,
@@ -879,3 +882,208 @@ def test_the_guides_worked_example_runs_and_prints_what_the_guide_shows(capsys):
         assert not result.passed and hint.concept in result.text and hint.fix not in result.text, (bug, result.text)
         assert result.fixes == [hint.fix]
     assert check_mean_pool(...).status == "unanswered"
+
+
+# ---------------------------------------------------------------- the exercises give nothing away (chapters 1-9)
+
+ROOT = Path(__file__).resolve().parent.parent
+BOOK_EXERCISES = [
+    (chapter, exercise)
+    for chapter, exercises in catalogue.load_catalogue().items()
+    if catalogue.chapter_number(chapter) <= 9
+    for exercise in exercises
+]
+CHECKED_EXERCISES = [(chapter, e, name) for chapter, e in BOOK_EXERCISES for name in e.checkers]
+SPOT_THE_BUG = [(chapter, e, name) for chapter, e, name in CHECKED_EXERCISES if e.kind == "Spot the bug"]
+
+
+def _exercise_id(value) -> str:
+    return f"{value.number} {value.label}" if isinstance(value, catalogue.Exercise) else str(value)
+
+
+def _text(cell: dict) -> str:
+    return cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
+
+
+def _normalised(text: str) -> str:
+    """Lower-case, every run of whitespace one space: how answer markers are compared."""
+    return " ".join(text.lower().split())
+
+
+@functools.cache
+def _cells(path: Path) -> list[dict]:
+    return json.loads(path.read_text(encoding="utf-8"))["cells"]
+
+
+def _tags(cell: dict) -> list[str]:
+    return cell.get("metadata", {}).get("tags", [])
+
+
+@functools.cache
+def _exercise_cells(chapter: str, label: str) -> tuple[int, int | None, tuple[str, ...]]:
+    """In the chapter's notebook: the index of the exercise's directive cell, of its ``student`` starter cell
+    (or None), and the sources of the code cells between its ``{solution-start}`` and ``{solution-end}``."""
+    cells = _cells(ROOT / "chapters" / f"{chapter}.ipynb")
+    directive = next(
+        (
+            i
+            for i, cell in enumerate(cells)
+            if cell["cell_type"] == "markdown"
+            and any(_label_of(m) == label for m in catalogue._EXERCISE.finditer(_text(cell)))
+        ),
+        None,
+    )
+    assert directive is not None, f"no exercise {label} in chapters/{chapter}.ipynb: catalogue.json stale (make colab)?"
+    end = next((i for i in range(directive + 1, len(cells)) if catalogue._EXERCISE.search(_text(cells[i]))), len(cells))
+    starter = next((i for i in range(directive, end) if "student" in _tags(cells[i])), None)
+    solution, inside = [], False
+    for cell in cells[directive:end]:
+        inside = (inside or "{solution-start}" in _text(cell)) and "{solution-end}" not in _text(cell)
+        if inside and cell["cell_type"] == "code":
+            solution.append(_text(cell))
+    return directive, starter, tuple(solution)
+
+
+def _label_of(match: re.Match) -> str:
+    label = catalogue._LABEL.search(match.group("options"))
+    return label.group(1) if label else ""
+
+
+def _chapter_imports(chapter: str, before: int) -> dict:
+    """A namespace holding what the chapter's code cells before cell ``before`` import (their import lines only)."""
+    namespace: dict = {}
+    for cell in _cells(ROOT / "chapters" / f"{chapter}.ipynb")[:before]:
+        if cell["cell_type"] != "code" or {"solution", "student"} & set(_tags(cell)):
+            continue
+        try:
+            tree = ast.parse(_text(cell))
+        except SyntaxError:  # an IPython magic
+            continue
+        for node in tree.body:
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                exec(compile(ast.Module([node], type_ignores=[]), "<imports>", "exec"), namespace)
+    return namespace
+
+
+def _run_starter(chapter: str, exercise: catalogue.Exercise):
+    """The function or class that the exercise's starter cell defines, defined with the chapter's imports."""
+    _, starter, _ = _exercise_cells(chapter, exercise.label)
+    source = _text(_cells(ROOT / "chapters" / f"{chapter}.ipynb")[starter])
+    namespace = _chapter_imports(chapter, starter)
+    exec(compile(source, f"<{chapter} cell {starter}>", "exec"), namespace)
+    defined = [n.name for n in ast.parse(source).body if isinstance(n, ast.FunctionDef | ast.ClassDef)]
+    return namespace[defined[-1]]
+
+
+def _markers(chapter: str, exercise: catalogue.Exercise) -> tuple[str, ...]:
+    module = importlib.import_module(f"transformer_lib.notebook.exercises.ch{chapter}")
+    markers = getattr(module, "ANSWER_MARKERS", {}).get(exercise.label)
+    assert markers, (
+        f"Exercise {exercise.number} ({exercise.label}) has no answer markers: add ANSWER_MARKERS[{exercise.label!r}] "
+        f"= (the fixed line, the predicted number or the named cause, ...) to {module.__name__}"
+    )
+    assert isinstance(markers, tuple) and all(isinstance(m, str) and m.strip() for m in markers), (
+        f"ANSWER_MARKERS[{exercise.label!r}] in {module.__name__} must be a tuple of non-empty strings, got {markers!r}"
+    )
+    return markers
+
+
+@pytest.mark.parametrize("chapter, exercise", BOOK_EXERCISES, ids=_exercise_id)
+def test_every_exercise_has_answer_markers(chapter, exercise):
+    _markers(chapter, exercise)
+
+
+@pytest.mark.parametrize("module", CHAPTER_CHECKERS, ids=lambda m: m.__name__.rsplit(".", 1)[-1])
+def test_answer_markers_are_keyed_by_the_chapters_labels(module):
+    chapter = module.__name__.rsplit(".", 1)[-1].removeprefix("ch")
+    labels = {e.label for c, e in BOOK_EXERCISES if c == chapter}
+    unknown = set(getattr(module, "ANSWER_MARKERS", {})) - labels
+    assert not unknown, f"{module.__name__}.ANSWER_MARKERS has keys that are no exercise of {chapter}: {unknown}"
+
+
+@pytest.mark.parametrize("chapter, exercise", BOOK_EXERCISES, ids=_exercise_id)
+def test_no_answer_marker_appears_before_its_exercise_or_in_the_colab_copy(chapter, exercise):
+    markers = {m: _normalised(m) for m in _markers(chapter, exercise)}
+    directive, _, _ = _exercise_cells(chapter, exercise.label)
+    chapter_cells = _cells(ROOT / "chapters" / f"{chapter}.ipynb")[:directive]
+    places = [(f"chapters/{chapter}.ipynb cell {i}", _normalised(_text(c))) for i, c in enumerate(chapter_cells)]
+    colab_cells = _cells(ROOT / "colab" / f"{chapter}.ipynb")
+    places += [(f"colab/{chapter}.ipynb cell {i}", _normalised(_text(c))) for i, c in enumerate(colab_cells)]
+    leaks = [(m, where) for where, text in places for m, marker in markers.items() if marker in text]
+    assert not leaks, f"Exercise {exercise.number} ({exercise.label}): an answer marker is given away: {leaks}"
+
+
+@pytest.mark.parametrize("chapter, exercise, name", SPOT_THE_BUG, ids=_exercise_id)
+def test_every_spot_the_bug_checker_declares_its_starter(chapter, exercise, name):
+    check = getattr(ex, name)
+    _, starter, _ = _exercise_cells(chapter, exercise.label)
+    assert starter is not None, f"Exercise {exercise.number} ({exercise.label}) has no cell tagged student"
+    assert check.starter is not None, (
+        f"{name} (Exercise {exercise.number}, {exercise.label}, Spot the bug) declares no starter: decorate it with "
+        f"@checker(starter=SOURCE), SOURCE the source of chapters/{chapter}.ipynb cell {starter}"
+    )
+    cell = _text(_cells(ROOT / "chapters" / f"{chapter}.ipynb")[starter])
+    assert _framework.same_code(check.starter, cell), (
+        f"{name}'s declared starter is not the code of chapters/{chapter}.ipynb cell {starter} (Exercise "
+        f"{exercise.number}): copy the cell's source into it"
+    )
+    result = check(_run_starter(chapter, exercise))
+    assert result.status == "unanswered" and "fix the bug in the cell marked" in result.text, result.text
+
+
+def _bug_key(bug: ex.Bug) -> str:
+    """A bug table's row by its name (``bug=``), a one-off :class:`Bug` by its hint's concept."""
+    if isinstance(bug.fn, functools.partial) and "bug" in bug.fn.keywords:
+        return bug.fn.keywords["bug"]
+    return str(bug.hint)
+
+
+def _feedback_per_bug(check, monkeypatch) -> dict[str, str]:
+    """The printed feedback of ``check`` for an answer with each of its bugs: every case whose bugs include that
+    bug gets the bug's wrong result as the answer's result; the other cases get the expected result."""
+    case, signature = _framework.Checker.case, inspect.signature(_framework.Checker.case)
+    bugs_seen: dict[str, None] = {}
+    replaying: list[str] = [""]
+
+    def replay(self, *args, **kwargs):
+        bound = signature.bind(self, *args, **kwargs)
+        bugs = bound.arguments["bugs"] = tuple(bound.arguments.get("bugs", ()))
+        bugs_seen.update(dict.fromkeys(map(_bug_key, bugs)))
+        expected = bound.arguments["expected"]
+        wrong = next((bug for bug in bugs if _bug_key(bug) == replaying[0]), None)
+        bound.arguments["answer"] = (lambda **_: wrong.fn()) if wrong else (lambda **_: expected)
+        case(*bound.args, **bound.kwargs)
+
+    monkeypatch.setattr(_framework.Checker, "case", replay)
+    answer = (lambda *args, **kwargs: None) if check.answer_kind == "function" else "an answer"
+    check(answer)  # every case gets its expected result: this run only finds the bugs
+    feedback = {}
+    for key in bugs_seen:
+        replaying[0] = key
+        feedback[f"the bug {key!r}"] = check(answer).text
+    return feedback
+
+
+def _code_lines(source: str) -> list[str]:
+    """The lines of code of ``source``, whitespace-normalised, without comments."""
+    lines = (" ".join(line.split("  #")[0].split()) for line in source.splitlines())
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+@pytest.mark.parametrize("chapter, exercise, name", CHECKED_EXERCISES, ids=_exercise_id)
+def test_the_feedback_on_wrong_answers_shows_no_line_of_the_solution(chapter, exercise, name, monkeypatch):
+    check = getattr(ex, name)
+    _, starter, solution = _exercise_cells(chapter, exercise.label)
+    starter_source = _text(_cells(ROOT / "chapters" / f"{chapter}.ipynb")[starter]) if starter is not None else ""
+    given = set(_code_lines(starter_source))
+    lines = {line for source in solution for line in _code_lines(source) if len(line) >= 12 and line not in given}
+    feedback = {}
+    if exercise.kind == "Spot the bug" and starter is not None:  # the starter, changed just enough to be graded
+        buggy = _run_starter(chapter, exercise)
+        wrapped = type(buggy.__name__, (buggy,), {}) if isinstance(buggy, type) else lambda *a, **k: buggy(*a, **k)
+        feedback["the starter"] = check(wrapped).text
+    feedback |= _feedback_per_bug(check, monkeypatch)
+    given_away = [
+        (answer, line) for answer, text in feedback.items() for line in lines if line in " ".join(text.split())
+    ]
+    assert not given_away, f"{name} (Exercise {exercise.number}) prints lines of the solution: {given_away}"
