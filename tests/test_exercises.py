@@ -24,7 +24,6 @@ from transformer_lib import (
     alibi_bias,
     alibi_slopes,
     causal_mask,
-    padding_mask,
     scaled_dot_product_attention,
     sinusoidal_encoding,
 )
@@ -130,7 +129,9 @@ REFERENCE_ANSWERS = {
     "check_distance_attention": lambda q, k, v, temperature: scaled_dot_product_attention(
         q, k, v, scale=2 / temperature, bias=-(k * k).sum(-1)[..., None, :] / temperature
     ),  # -||q - k||² = 2 q·k - ||k||² - ||q||², and a softmax ignores ||q||², the same for a whole row
-    "check_decoder_mask": lambda tokens, pad_id: causal_mask(tokens.shape[1]) & padding_mask(tokens, pad_id),
+    "check_decoder_mask": lambda tokens, pad_id: (  # by hand: the checker refuses the library's masks
+        torch.ones(tokens.shape[1], tokens.shape[1], dtype=torch.bool).tril() & (tokens != pad_id)[:, None, None, :]
+    ),
     "check_packed_mask": lambda doc_ids: (
         causal_mask(doc_ids.shape[1]) & (doc_ids[:, :, None] == doc_ids[:, None, :])[:, None]
     ),
@@ -517,8 +518,9 @@ def _defined(source: str, name: str = "softmax"):
         lambda s: s,
         lambda s: s.replace("# find and fix the bug", "# I looked at it"),
         lambda s: "\n\n" + s.replace("    e = ", "\n    e  =  ").replace("(dim=0)", "( dim = 0 )  # the sum"),
+        lambda s: "from __future__ import annotations\n" + s,  # as after such a cell in the notebook
     ],
-    ids=["as given", "a comment changed", "whitespace changed"],
+    ids=["as given", "a comment changed", "whitespace changed", "under a __future__ import"],
 )
 def test_an_untouched_spot_the_bug_starter_is_not_answered_yet(edit, capsys):
     result = check_spot_softmax(_defined(edit(_BUGGY_CELL)))

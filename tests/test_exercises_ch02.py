@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import transformer_lib as tl
+from transformer_lib import masks
 from transformer_lib.notebook import exercises as ex
 from transformer_lib.notebook.exercises import ch02_masking
 
@@ -28,21 +29,44 @@ def decoder_mask(tokens, pad_id, future=False, axis="keys"):
     return causal & padding
 
 
-def test_decoder_mask_accepts_the_fix_and_the_library():
-    assert ex.check_decoder_mask(decoder_mask).passed
-    assert ex.check_decoder_mask(lambda t, p: tl.combine_masks(tl.causal_mask(t.shape[1]), tl.padding_mask(t, p)))
+def test_decoder_mask_accepts_the_fix():
+    result = ex.check_decoder_mask(decoder_mask)
+    assert result.passed and result.text.count("✅") == 4 and "transformer_lib's mask functions" not in result.text
 
 
-def test_decoder_mask_names_both_bugs_of_the_starter():
+@pytest.mark.parametrize(
+    "answer",
+    [
+        lambda t, p: tl.combine_masks(tl.causal_mask(t.shape[1]), tl.padding_mask(t, p)),
+        lambda t, p: masks.causal_mask(t.shape[1]) & (t != p)[:, None, None, :],  # one of them, imported otherwise
+    ],
+    ids=["all three", "causal_mask only"],
+)
+def test_decoder_mask_refuses_the_librarys_own_masks(answer):
+    result = ex.check_decoder_mask(answer)
+    assert not result.passed and result.text.count("✅") == 4, result.text  # right values ...
+    assert "❌ fixed by hand, without transformer_lib's mask functions" in result.text  # ... but not a fix
+    assert "already hold the answer" in result.text
+
+
+def test_decoder_mask_calls_the_untouched_starter_not_answered_yet():
+    starter = ch02_masking.DECODER_MASK_STARTER
+    assert ex.check_decoder_mask(cell(starter)).status == "unanswered"
+    assert ex.check_decoder_mask(cell(starter.replace("diagonal=1", "diagonal=0"))).status == "failed"
+
+
+def test_decoder_mask_names_both_bugs_of_the_starter_once_and_keeps_the_fix_for_later():
     result = ex.check_decoder_mask(lambda t, p: decoder_mask(t, p, future=True, axis="queries"))
     assert result.text.count("❌") == 4
-    assert "True on the FUTURE keys" in result.text and result.text.count("Two bugs") == 3  # no padding: one bug
+    assert "True on the FUTURE keys" in result.text and result.text.count("Two bugs") == 1  # no padding: one bug
+    assert "tril" not in result.text and "[:, None, None, :]" not in result.text  # the fixes only when asked for
+    assert any("torch.tril" in fix and "(tokens != pad_id)[:, None, None, :]" in fix for fix in result.fixes)
 
 
 def test_decoder_mask_names_the_query_axis_and_passes_when_nothing_is_padded():
     result = ex.check_decoder_mask(lambda t, p: decoder_mask(t, p, axis="queries"))
     assert "✅ no padding" in result.text
-    assert result.text.count("the padding is on the QUERY axis") == 3, result.text
+    assert result.text.count("❌") == 3 and result.text.count("the padding is on the QUERY axis") == 1, result.text
     assert "FUTURE" not in result.text
 
 
@@ -75,6 +99,13 @@ def test_decoder_mask_names_each_bug(answer, words, count):
     result = ex.check_decoder_mask(answer)
     assert result.text.count("❌") == count, result.text
     assert words in result.text, result.text
+
+
+def cell(source):
+    """The function a notebook cell of ``source`` defines (compiled as a cell is, without this file's imports)."""
+    namespace = {"torch": torch}
+    exec(compile(source, "<cell>", "exec", dont_inherit=True), namespace)
+    return next(v for k, v in namespace.items() if callable(v) and k != "torch")
 
 
 def test_decoder_mask_survives_a_stub():
@@ -116,12 +147,13 @@ def test_cheating_positions_accepts_the_count(prediction):
         (0, "the prefix is bidirectional"),
         (4, "off by one"),
         (6, "the unmasked model's count"),
-        (2, "t + 1 < prefix_len"),
+        (2, "just above its diagonal"),
     ],
 )
 def test_cheating_positions_explains_a_wrong_count(prediction, words):
     result = ex.check_cheating_positions(prediction)
     assert not result.passed and words in result.text, result.text
+    assert "prefix_len" not in result.text.split("\n", 2)[2]  # the inequality only when asked for (not in the hint)
 
 
 def test_cheating_positions_refuses_odd_answers_without_raising():
@@ -168,14 +200,15 @@ def test_packed_mask_runs_each_document_alone():
         (lambda d: (d[:, :, None] == d[:, None, :])[:, None], "see their own future", 3),
         (lambda d: tl.causal_mask(d.shape[1]).expand(d.shape[0], 1, -1, -1), "the documents see each other", 3),
         (lambda d: ~packed(d), "polarity is inverted", 4),
-        (lambda d: packed(d)[:, 0], "add the head axis", 4),
+        (lambda d: packed(d)[:, 0], "needs a head axis", 4),
     ],
     ids=["no causal", "causal only", "inverted", "no head axis"],
 )
 def test_packed_mask_names_each_bug(answer, words, count):
     result = ex.check_packed_mask(answer)
     assert result.text.count("❌") == count, result.text
-    assert result.text.count(words) == count, result.text
+    assert result.text.count(words) == 1, result.text  # once, however many cases it failed
+    assert "doc_ids[:, :, None]" not in result.text and "mask[:, None]" not in result.text  # no code of the fix
 
 
 def test_packed_mask_survives_a_stub():

@@ -4,18 +4,41 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
+from types import FrameType
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from ...masks import causal_mask, combine_masks, padding_mask, prefix_lm_mask
-from ._framework import Bug, Checker, bug_table, checker
+from ._framework import Bug, Checker, Hint, bug_table, checker
 
 __all__ = ["check_decoder_mask", "check_cheating_positions", "check_packed_mask"]
 
+ANSWER_MARKERS: dict[str, tuple[str, ...]] = {  # exercise label -> what gives its answer away
+    "ex-decoder-mask": ("[:, None, None, :]", "~torch.triu(", "torch.tril(torch.ones(T, T"),
+    "ex-prefix-cheat": ("positions 0, 1 and 2", "t + 1 < prefix_len", "t + 1 < 4"),
+    "ex-packed-mask": ("doc_ids[:, :, None] == doc_ids[:, None, :]", "same_doc & causal"),
+    "ex-left-padding": ("torch.eye(T, dtype=torch.bool)", "attend to itself", "a whole sequence is padding"),
+}
+
 
 # ---------------------------------------------------------------- Spot the bug: a decoder mask ported from PyTorch
+
+DECODER_MASK_STARTER = """\
+def decoder_mask(tokens, pad_id):
+    # find and fix the bugs
+    T = tokens.shape[1]
+    future = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)  # (T, T)
+    not_pad = (tokens != pad_id)[:, None, :, None]  # (B, 1, T, 1)
+    return future & not_pad  # (B, 1, T, T), True = may attend
+"""
+"""The exercise's starter cell: answered with this code unchanged, the check says "not answered yet"."""
+
+_PITFALL = "reread 'A pitfall: nn.MultiheadAttention reads boolean masks the other way'"
+_PADDING = "reread 'Padding masks: batches of different lengths'"
 
 
 def _decoder_mask_bugs(tokens: Tensor, pad_id: int) -> tuple[Bug, ...]:
@@ -23,58 +46,99 @@ def _decoder_mask_bugs(tokens: Tensor, pad_id: int) -> tuple[Bug, ...]:
     T = tokens.shape[1]
     ones = torch.ones(T, T, dtype=torch.bool)
     real = tokens != pad_id  # (B, T)
+    keys = "(tokens != pad_id)[:, None, None, :], shape (B, 1, 1, T)"
     causal_parts = {  # (T, T), and what is wrong with it (None: right)
         "right": (torch.tril(ones), None),
         "future": (
             torch.triu(ones, diagonal=1),
-            "triu(..., diagonal=1) is True on the FUTURE keys, the convention of nn.MultiheadAttention and "
-            "nn.Transformer (True = blocked); here True means 'may attend': the lower triangle, torch.tril",
+            Hint(
+                "the causal part is True on the FUTURE keys, the convention of nn.MultiheadAttention and "
+                f"nn.Transformer, where True means blocked; here True means 'may attend' ({_PITFALL})",
+                "the lower triangle, torch.tril(torch.ones(T, T, dtype=torch.bool)) (or ~ of the triu)",
+            ),
         ),
         "strict": (
             torch.tril(ones, diagonal=-1),
-            "the diagonal is masked: a position may attend to itself (torch.tril with diagonal=0)",
+            Hint(
+                "the diagonal is masked, yet a position may attend to itself: key j is allowed for j <= i",
+                "torch.tril with diagonal=0",
+            ),
         ),
     }
     padding_parts = {  # broadcastable to (B, 1, T, T), and what is wrong with it (None: right)
         "keys": (real[:, None, None, :], None),
         "queries": (
             real[:, None, :, None],
-            "the padding is on the QUERY axis, (B, 1, T, 1): that empties the rows of the padding positions, which "
-            "nobody needs; the padding must be hidden from every query as KEYS, (B, 1, 1, T), and only as keys",
+            Hint(
+                "the padding is on the QUERY axis, (B, 1, T, 1): that empties the rows of the padding positions, "
+                f"which nobody needs, and hides no padding from the real queries ({_PADDING})",
+                f"hide the padding as KEYS, from every query: {keys}",
+            ),
         ),
         "both": (
             real[:, None, :, None] & real[:, None, None, :],
-            "you hide the padding queries as well as the padding keys; hide only the keys: emptied rows are NaN "
-            "with a plain softmax",
+            Hint(
+                "you hide the padding queries as well as the padding keys: the emptied rows are NaN with a plain "
+                "softmax (reread 'Fully masked rows: NaN, or zeros')",
+                f"hide the keys only: {keys}",
+            ),
         ),
         "inverted": (
             (~real)[:, None, None, :],
-            "the padding part is inverted: tokens != pad_id marks the real tokens, which may be attended to",
+            Hint(
+                "the padding part is inverted: it lets the queries see the padding and hides the real tokens",
+                "tokens != pad_id marks the real tokens, which may be attended to",
+            ),
         ),
-        "none": (torch.ones_like(real)[:, None, None, :], "the padding keys are not hidden"),
+        "none": (
+            torch.ones_like(real)[:, None, None, :],
+            Hint(f"the padding keys are not hidden ({_PADDING})", f"AND the causal part with {keys}"),
+        ),
     }
     bugs = []
     for causal, causal_hint in causal_parts.values():
         for padding, padding_hint in padding_parts.values():
-            if causal_hint is None and padding_hint is None:
+            hints = [h for h in (causal_hint, padding_hint) if h]
+            if not hints:
                 continue
-            both = "Two bugs: " if causal_hint and padding_hint else ""
-            hint = both + "; and ".join(h for h in (causal_hint, padding_hint) if h) + "."
+            both = "Two bugs: " if len(hints) == 2 else ""
+            hint = Hint(both + "; and ".join(h.concept for h in hints) + ".", "; and ".join(h.fix for h in hints) + ".")
             bugs.append(Bug(lambda causal=causal, padding=padding: causal & padding, hint))
     expected = combine_masks(causal_mask(T), padding_mask(tokens, pad_id))
     bugs.append(
         Bug(
             lambda: expected[:, 0],
-            "right values, but shape (B, T, T) does not broadcast over the heads: keep the head axis, (B, 1, T, T).",
+            Hint(
+                "right values, but shape (B, T, T) does not broadcast over the heads: the mask needs a head axis.",
+                "keep the head axis, (B, 1, T, T): mask[:, None].",
+            ),
         )
     )
     return tuple(bugs)
 
 
-@checker
+_LIBRARY_MASKS = {f.__code__: f.__name__ for f in (causal_mask, padding_mask, combine_masks, prefix_lm_mask)}
+
+
+def _watching_library_masks(called: set[str], fn: Callable[..., Any], /, *args: Any) -> Any:
+    """``fn(*args)``, adding to ``called`` the name of each of the library's mask functions that it calls."""
+
+    def profile(frame: FrameType, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code in _LIBRARY_MASKS:
+            called.add(_LIBRARY_MASKS[frame.f_code])
+
+    previous = sys.getprofile()
+    sys.setprofile(profile)
+    try:
+        return fn(*args)
+    finally:
+        sys.setprofile(previous)
+
+
+@checker(starter=DECODER_MASK_STARTER)
 def check_decoder_mask(c: Checker, decoder_mask: Callable[[Tensor, int], Tensor]) -> None:
     """Check ``decoder_mask(tokens, pad_id) -> (B, 1, T, T)`` boolean: True where query i may attend to key j,
-    that is j <= i and token j is not padding.
+    that is j <= i and token j is not padding, built without the library's masks (which hold the answer).
 
     Shapes: tokens (B, T) -> (B, 1, T, T).
     """
@@ -84,15 +148,28 @@ def check_decoder_mask(c: Checker, decoder_mask: Callable[[Tensor, int], Tensor]
         ("left padding, as for batched generation, pad_id=0", torch.tensor([[0, 0, 4, 6, 1], [0, 5, 3, 8, 2]]), 0),
         ("left and right padding, pad_id=3", torch.tensor([[3, 1, 2, 3], [4, 5, 6, 7], [3, 3, 8, 9]]), 3),
     )
+    called: set[str] = set()  # the library's mask functions that the answer calls
     for name, tokens, pad_id in cases:
         c.case(
             name,
-            lambda tokens, pad_id: decoder_mask(tokens, pad_id),
+            lambda tokens, pad_id: _watching_library_masks(called, decoder_mask, tokens, pad_id),
             combine_masks(causal_mask(tokens.shape[1]), padding_mask(tokens, pad_id)),
             bugs=_decoder_mask_bugs(tokens, pad_id),
-            hint="causal & not_padding, with causal = torch.tril(torch.ones(T, T, dtype=torch.bool)) and the "
-            "padding keys hidden: not_padding = (tokens != pad_id)[:, None, None, :].",
+            hint=Hint(
+                "query i may attend to key j when j <= i and token j is not padding: a causal part AND a padding "
+                "part, with True = may attend (reread 'Combining masks').",
+                "causal & not_padding, with causal = torch.tril(torch.ones(T, T, dtype=torch.bool)) and the "
+                "padding keys hidden: not_padding = (tokens != pad_id)[:, None, None, :].",
+            ),
             inputs={"tokens": tokens, "pad_id": pad_id},
+        )
+    if called:  # right values, perhaps, but no bug found: one more failed case
+        c.case(
+            "fixed by hand, without transformer_lib's mask functions",
+            lambda: sorted(called),
+            [],
+            hint="the exercise asks you to find the two bugs of the ported code and fix them; the library's "
+            "causal_mask, padding_mask and combine_masks already hold the answer, so calling them fixes nothing.",
         )
 
 
@@ -136,9 +213,13 @@ def check_cheating_positions(c: Checker, prediction: int) -> None:
                 "see the next token.",
             ),
         ),
-        hint="the target of position t is input token t + 1, so position t can copy it exactly when the mask lets "
-        "query t attend to key t + 1. Under the prefix-LM mask that happens when t + 1 is inside the prefix: "
-        "t + 1 < prefix_len.",
+        hint=Hint(
+            "the target of position t is input token t + 1 (reread 'Why decoders need a causal mask'), so position "
+            "t can copy it exactly when the mask lets query t attend to key t + 1: look at the prefix-LM mask "
+            "(reread 'Prefix-LM masks') just above its diagonal.",
+            "under the prefix-LM mask query t sees key t + 1 exactly when t + 1 is inside the prefix: "
+            "t + 1 < prefix_len.",
+        ),
         atol=0.4,
     )
 
@@ -165,13 +246,25 @@ def _wrong_packed_mask(doc_ids: Tensor, *, bug: str) -> Tensor:
     return causal.expand(doc_ids.shape[0], 1, *causal.shape)
 
 
+_SAME_DOCUMENT = "doc_ids[:, :, None] == doc_ids[:, None, :]"
 _PACKED_BUGS = {  # bug -> hint, for _wrong_packed_mask(..., bug=bug)
-    "inverted": "the polarity is inverted: True must mean 'may attend'.",
-    "not causal": "a document's tokens see their own future: AND the same-document mask with the causal mask.",
-    "one document": "the documents see each other: the causal mask lets a token attend to the documents before "
-    "its own. AND it with a same-document mask, doc_ids[:, :, None] == doc_ids[:, None, :].",
-    "no head axis": "right values, but shape (B, T, T) does not broadcast over the heads: add the head axis, "
-    "mask[:, None].",
+    "inverted": Hint(
+        "the polarity is inverted: True must mean 'may attend' (reread 'A mask is a table of allowed pairs').",
+        "invert the mask with ~.",
+    ),
+    "not causal": Hint(
+        "a document's tokens see their own future: within a document the mask must still be causal.",
+        "AND the same-document mask with the causal mask.",
+    ),
+    "one document": Hint(
+        "the documents see each other: the causal mask alone lets a token attend to the documents before its own "
+        "(reread 'Combining masks').",
+        f"AND it with a same-document mask, {_SAME_DOCUMENT}.",
+    ),
+    "no head axis": Hint(
+        "right values, but shape (B, T, T) does not broadcast over the heads: the mask needs a head axis.",
+        "add the head axis, mask[:, None].",
+    ),
 }
 
 
@@ -194,7 +287,11 @@ def check_packed_mask(c: Checker, packed_mask: Callable[[Tensor], Tensor]) -> No
             lambda doc_ids: packed_mask(doc_ids),
             reference_packed_mask(doc_ids),
             bugs=bug_table(_PACKED_BUGS, _wrong_packed_mask, doc_ids),
-            hint="compare every query's document with every key's, doc_ids[:, :, None] == doc_ids[:, None, :] "
-            "(B, T_q, T_k), AND it with the causal mask, and add the head axis: (B, 1, T, T).",
+            hint=Hint(
+                "query i may attend to key j when j <= i and both lie in the same document: compare every "
+                "query's document with every key's, (B, T_q, T_k), and combine that with the causal mask "
+                "(reread 'Combining masks').",
+                f"{_SAME_DOCUMENT} (B, T_q, T_k), AND it with the causal mask, and add the head axis: (B, 1, T, T).",
+            ),
             inputs={"doc_ids": doc_ids},
         )
