@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,8 @@ import nbformat
 import pytest
 
 from transformer_lib.notebook import grade
+from transformer_lib.notebook.exercises import Checker, Hint, checker
+from transformer_lib.notebook.exercises._framework import RESULTS_ENV
 from transformer_lib.notebook.exercises.catalogue import Exercise, load_catalogue
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -87,6 +90,63 @@ def test_the_last_call_of_each_checker_counts():
 def test_a_record_must_say_passed_in_both_fields():
     run = grade.Run(records=[{"checker": "check_double", "status": "failed", "passed": True}], errors=[])
     assert not by_exercise(grade.grade_run("a", FAKE["99_fake"], run, 60))["Exercise 99.1"].passed
+
+
+BUGGY_DOUBLE = "def double(x):  # find and fix the bug\n    return x + 2\n"
+DOUBLING = Hint("doubling is a product, not a sum: reread 'Doubling'.", "return 2 * x instead of x + 2")
+
+
+@checker(starter=BUGGY_DOUBLE)
+def check_spot_double(c: Checker, double) -> None:
+    """Check ``double``, a Spot the bug whose starter adds 2."""
+    for x in (1, 3, 5):
+        c.case(f"x = {x}", lambda x: double(x), 2 * x, hint=DOUBLING, inputs={"x": x})
+
+
+def _graded(tmp_path, monkeypatch, *answers) -> grade.Row:
+    """The grade of Exercise 99.1, a Spot the bug checked by check_spot_double, after calls with ``answers``."""
+    log = tmp_path / "results.jsonl"
+    monkeypatch.setenv(RESULTS_ENV, str(log))
+    for answer in answers:
+        check_spot_double(answer)
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    exercise = Exercise("99.1", "ex-double", "Spot the bug", "double a number", ("check_spot_double",))
+    (row,) = grade.grade_run("a.ipynb", [exercise], grade.Run(records, []), 60)
+    return row
+
+
+def _defined(source: str):
+    namespace: dict = {}
+    exec(source, namespace)
+    return namespace["double"]
+
+
+def test_an_untouched_spot_the_bug_starter_is_graded_not_answered_yet(tmp_path, monkeypatch):
+    row = _graded(tmp_path, monkeypatch, _defined(BUGGY_DOUBLE.replace("  # find and fix the bug", "")))
+    assert not row.passed and "not answered yet" in row.feedback and "checks failed" not in row.feedback
+    changed = _graded(tmp_path, monkeypatch, _defined(BUGGY_DOUBLE.replace("x + 2", "x + 4")))
+    assert not changed.passed and "3 of 3 checks failed" in changed.feedback
+
+
+def test_the_csv_carries_each_hint_once_and_no_fix(tmp_path, monkeypatch):
+    row = _graded(tmp_path, monkeypatch, _defined(BUGGY_DOUBLE.replace("x + 2", "x + 4")))
+    grade.write_csv([row], tmp_path / "grades.csv")
+    text = (tmp_path / "grades.csv").read_text(encoding="utf-8")
+    assert text.count(DOUBLING.concept) == 1, text  # not once per failed case
+    assert DOUBLING.fix not in text and "hint()" not in text  # the fix in code is the student's to ask for
+    assert row.feedback == (
+        "check_spot_double: 3 of 3 checks failed. | ❌ x = 1: expected 2, got 5 | ❌ x = 3: expected 6, got 7 | "
+        f"❌ x = 5: expected 10, got 9 | Hint: {DOUBLING.concept}"
+    )
+
+
+def test_a_hint_shared_by_the_checkers_of_an_exercise_is_given_once():
+    texts = [
+        "check_a: 1 of 1 checks failed.\n  ❌ x: no\n  Hint: same.",
+        "check_b: 1 of 1 checks failed.\n  Hint: same.",
+    ]
+    short = grade._short_feedback(texts)
+    assert short == "check_a: 1 of 1 checks failed. | ❌ x: no | Hint: same. || check_b: 1 of 1 checks failed."
 
 
 @pytest.mark.parametrize(
@@ -186,9 +246,8 @@ def test_the_command_line_prints_a_table_and_writes_the_csv(tmp_path):
     assert list(rows[0]) == ["notebook", "exercise", "passed", "feedback"]
     assert [r["exercise"] for r in rows] == [f"Exercise {e.number}" for e in checked]  # no notebook problem
     assert all(r["passed"] == "False" for r in rows)
-    for row, e in zip(rows, checked, strict=True):  # a starter left as `...` is "not answered yet"; a bug is named
-        says = "not answered yet" if e.kind != "Spot the bug" else "Hint:"
-        assert says in row["feedback"], (e.number, row["feedback"])
+    for row, e in zip(rows, checked, strict=True):  # every starter left as given is "not answered yet"
+        assert "not answered yet" in row["feedback"], (e.number, row["feedback"])
     assert f"0/{len(checked)} auto-checked exercises passed" in done.stdout
 
 

@@ -14,7 +14,9 @@ the printed text. The exercises a submission should answer come from the book's 
 carry it), in its file name (``03_multi_head_attention.ipynb``) or by its ``Exercise 3.2`` headings,
 so deleting an exercise's cells does not remove it from the grade.
 
-An exercise passes when the last call of each of its checkers passed. The result is one row per
+An exercise passes when the last call of each of its checkers passed; a starter left as given (``...``, or a
+*Spot the bug*'s buggy code unchanged) reads "not answered yet". The feedback carries each hint once and
+only its first level, the concept: the fixes in code never reach a record. The result is one row per
 auto-checked exercise, plus one ``(notebook)`` row when the notebook as a whole went wrong: not a
 notebook, no chapter found, a cell that raised, out of time, the kernel died, or no checker ever
 called. The table is printed; ``--csv`` writes the rows with the columns
@@ -139,11 +141,22 @@ def execute(nb: Any, timeout_s: float) -> Run:
 # ------------------------------------------------------------------ grading
 
 
-def _short_feedback(text: str) -> str:
-    """The first line and the failed cases of a checker's feedback, on one line."""
-    lines = text.splitlines()
-    kept = [lines[0], *(line.strip() for line in lines[1:] if not line.strip().startswith("✅"))] if lines else []
-    return " | ".join(kept)
+def _short_feedback(texts: list[str]) -> str:
+    """The first line, the failed cases and the hints of each checker's feedback, on one line: each hint once,
+    and without the pointer to ``check_x.hint()`` (the fixes in code are never in a record)."""
+    hints: set[str] = set()
+    parts = []
+    for text in texts:
+        kept = []
+        for i, line in enumerate(text.splitlines()):
+            line = line.strip() if i else line
+            if line.startswith(("✅", "For the fix in code:")) or line in hints:
+                continue
+            if line.startswith("Hint:"):
+                hints.add(line)
+            kept.append(line)
+        parts.append(" | ".join(kept))
+    return " || ".join(parts)
 
 
 def grade_run(name: str, exercises: list[Exercise], run: Run, timeout_s: float) -> list[Row]:
@@ -166,7 +179,7 @@ def grade_run(name: str, exercises: list[Exercise], run: Run, timeout_s: float) 
             continue
         records = [last[c] for c in exercise.checkers]
         passed = all(r.get("passed") is True and r.get("status") == "passed" for r in records)
-        feedback = " || ".join(_short_feedback(str(r.get("feedback", ""))) for r in records)
+        feedback = _short_feedback([str(r.get("feedback", "")) for r in records])
         rows.append(Row(name, f"Exercise {exercise.number}", passed, feedback))
     problems = []
     if run.timed_out:

@@ -17,6 +17,7 @@ failed call, which the grader never sees.
 """
 
 from __future__ import annotations
+import __future__
 
 import contextlib
 import copy
@@ -522,12 +523,24 @@ def is_unanswered(answer: Any) -> bool:
     return code is not None and _instructions(code) == _STUB_CODE
 
 
+_FUTURE_FLAGS = sum(getattr(__future__, f).compiler_flag for f in __future__.all_feature_names if f != "nested_scopes")
+
+
 def _normalised(code: CodeType) -> CodeType:
-    """``code`` and the code nested in it without names, file and line numbers: two sources that differ only
-    in whitespace, comments or blank lines compile to equal normalised code; any other change does not."""
+    """``code`` and the code nested in it without names, file, line numbers and ``from __future__`` flags: two
+    sources that differ only in whitespace, comments or blank lines compile to equal normalised code; any other
+    change does not."""
     consts = tuple(_normalised(c) if isinstance(c, CodeType) else c for c in code.co_consts)
     names = {"co_qualname": ""} if hasattr(code, "co_qualname") else {}  # Python 3.11+
-    return code.replace(co_name="", co_filename="", co_firstlineno=1, co_linetable=b"", co_consts=consts, **names)
+    return code.replace(
+        co_name="",
+        co_filename="",
+        co_firstlineno=1,
+        co_linetable=b"",
+        co_flags=code.co_flags & ~_FUTURE_FLAGS,
+        co_consts=consts,
+        **names,
+    )
 
 
 def _compiled(source: str) -> CodeType:
