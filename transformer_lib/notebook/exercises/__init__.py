@@ -1,8 +1,10 @@
 """Automatic checkers for the chapters' exercises, one module per chapter.
 
 Each ``check_<name>(student_answer)`` runs hidden cases (shapes, equality with the
-library, leak checks), prints friendly feedback (which case failed, expected vs got,
-a hint) and returns a :class:`CheckResult`. A wrong answer never crashes a checker: an
+library, leak checks), prints friendly feedback (which case failed, expected vs got, then
+each hint's concept once) and returns a :class:`CheckResult`; ``check_<name>.hint()``
+prints the fixes in code of its last failed call (a :class:`Hint` holds both levels; the
+grader sees the concepts only). A wrong answer never crashes a checker: an
 exception (even ``sys.exit()``), a sparse result or one on another device becomes
 feedback. A case hands the answer copies of its inputs and fails an answer that changes
 them in place; it waits at most ``_framework.CASE_TIMEOUT_SECONDS`` (10 s) for the answer,
@@ -16,12 +18,14 @@ typo, a LayerNorm with the unbiased std, eps outside the root or one scalar gain
 normalised input on the skip path, a decoder fed the source, a BPE encoder that merges the
 most frequent pair) and names the one it recognises.
 
-An answer still as the starter cell left it gets "not answered yet"; ``@checker(answer="value")``
+An answer still as the starter cell left it gets "not answered yet" (a *Spot the bug*'s buggy code
+too, declared with ``@checker(starter=SOURCE)``); ``@checker(answer="value")``
 checks a prediction (a number) instead of a function; every call is recorded for the grader
 (:mod:`transformer_lib.notebook.grade`). :mod:`.catalogue` lists every chapter's exercises.
 
-- ``_framework``: :class:`CheckResult`, :class:`Bug` and :func:`bug_table` (a checker's known bugs, from a
-  ``{bug: hint}`` table), the case runner :class:`Checker` and ``@checker``; CONTRIBUTING.md shows how to write one
+- ``_framework``: :class:`CheckResult`, :class:`Hint` (a concept and its fix), :class:`Bug` and :func:`bug_table`
+  (a checker's known bugs, from a ``{bug: hint}`` table), the case runner :class:`Checker` and ``@checker``;
+  CONTRIBUTING.md shows how to write one
 - ``ch01_attention``: ``check_softmax``, ``check_score_std``, ``check_distance_attention``
 - ``ch02_masking``: ``check_decoder_mask``, ``check_cheating_positions``, ``check_packed_mask``
 - ``ch03_multi_head_attention``: ``check_split_heads``, ``check_multi_head_attention``, ``check_attention_crossover``
