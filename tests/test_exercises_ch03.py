@@ -27,9 +27,20 @@ def fold_seq_first_fixed(x, n_heads):  # the starter's line, given the sequence-
     return x.transpose(0, 1).reshape(T, B * n_heads, d // n_heads).transpose(0, 1)
 
 
-def fold_starter(x, n_heads):  # the exercise's starter: PyTorch's sequence-first line on batch-first x
+def fold_sequence_first(x, n_heads):  # PyTorch's sequence-first line on batch-first x
     B, T, d_model = x.shape
     return x.view(T, B * n_heads, d_model // n_heads).transpose(0, 1)
+
+
+def fold_chunks(x, n_heads):  # the starter's bug as a PyTorch port of Kyubyong/transformer writes it
+    return torch.cat(torch.chunk(x, n_heads, dim=-1), dim=0)
+
+
+def cell(source):
+    """The function a notebook cell of ``source`` defines (compiled as a cell is, without this file's imports)."""
+    namespace = {"torch": torch, "math": math}
+    exec(compile(source, "<cell>", "exec", dont_inherit=True), namespace)
+    return next(v for k, v in namespace.items() if callable(v) and k not in ("torch", "math"))
 
 
 def fold_straight(x, n_heads):
@@ -58,25 +69,35 @@ def test_split_heads_accepts_right_folds(answer):
     assert result.passed, result.text
 
 
-def test_split_heads_names_the_starters_bug_which_passes_a_batch_of_one():
-    result = ex.check_split_heads(fold_starter)
+def test_split_heads_calls_the_untouched_starter_not_answered_yet():
+    starter = ch03.SPLIT_HEADS_STARTER
+    assert ex.check_split_heads(cell(starter)).status == "unanswered"
+    assert ex.check_split_heads(cell(starter.replace("dim=0)", "dim=1)"))).status == "failed"
+
+
+@pytest.mark.parametrize("answer", [fold_chunks, lambda x, n_heads: cell(ch03.SPLIT_HEADS_STARTER)(x, n_heads)])
+def test_split_heads_names_the_starters_bug_which_passes_a_batch_of_one(answer):
+    result = ex.check_split_heads(answer)
     assert not result.passed
-    assert "✅ B=1" in result.text  # right for a batch of one ...
-    assert result.text.count("sequence-first input (T, B, d_model)") == 2, result.text  # ... named for B > 1
+    assert "✅ B=1" in result.text and result.text.count("❌") == 2  # right for a batch of one, wrong beyond ...
+    assert result.text.count("your rows come in the order (head, example)") == 1, result.text  # ... named once
+    assert "torch.stack" not in result.text and any("torch.stack" in fix for fix in result.fixes)
 
 
 @pytest.mark.parametrize(
     "wrong, words",
     [
-        (fold_straight, "the straight reshape with the batch folded in"),
-        (fold_without_transpose, "the straight reshape with the batch folded in"),
-        (fold_head_major, "order (n_heads, B)"),
+        (fold_sequence_first, "that is the line for sequence-first input (T, B, d_model)"),
+        (fold_straight, "each 'head' is a run of T * d_head consecutive numbers"),
+        (fold_without_transpose, "each 'head' is a run of T * d_head consecutive numbers"),
+        (fold_head_major, "your rows come in the order (head, example)"),
         (not_folded, "you return (B, n_heads, T, d_head)"),
     ],
 )
 def test_split_heads_names_each_classic_bug(wrong, words):
     result = ex.check_split_heads(wrong)
     assert not result.passed and words in result.text, result.text
+    assert "reshape(B * n_heads" not in result.text and "transpose(1, 2)" not in result.text  # no code of the fix
 
 
 def test_split_heads_survives_a_stub_a_crash_and_a_wrong_type(capsys):
@@ -104,7 +125,7 @@ def mha_right(mha, query, key, value):
     return mha.out_proj((w @ v).transpose(1, 2).reshape(B, T_q, d))
 
 
-def mha_starter(mha, query, key, value):  # the exercise's starter: every split uses the query's length
+def mha_query_length(mha, query, key, value):  # the starter's bug: every split uses the query's length
     batch_size, seq_len, d_model = query.shape
     n_heads, d_head = mha.n_heads, d_model // mha.n_heads
 
@@ -155,20 +176,28 @@ def test_multi_head_attention_accepts_a_right_answer_and_leaves_the_random_state
     assert torch.equal(before, torch.get_rng_state())
 
 
-@pytest.mark.parametrize("starter", [mha_starter, mha_query_length_inferred_head_size])
-def test_multi_head_attention_names_the_query_length_bug(starter):
-    result = ex.check_multi_head_attention(starter)
+def test_multi_head_attention_calls_the_untouched_starter_not_answered_yet():
+    starter = ch03.MHA_FORWARD_STARTER
+    assert ex.check_multi_head_attention(cell(starter)).status == "unanswered"
+    assert ex.check_multi_head_attention(cell(starter.replace("# find and fix the bug", ""))).status == "unanswered"
+    assert ex.check_multi_head_attention(cell(starter.replace("seq_len, n_heads", "-1, n_heads"))).passed
+
+
+@pytest.mark.parametrize("answer", [mha_query_length, mha_query_length_inferred_head_size])
+def test_multi_head_attention_names_the_query_length_bug(answer):
+    result = ex.check_multi_head_attention(answer)
     assert not result.passed
-    assert result.text.count("✅") == 2, result.text  # the self-attention cases pass
-    assert result.text.count("split k and v with the query's length") == 2, result.text  # cross and cache
+    assert result.text.count("✅") == 2 and result.text.count("❌") == 2, result.text  # self-attention passes
+    assert result.text.count("comes only when the keys are not as many as the queries") == 1, result.text
+    assert "t.shape[1]" not in result.text and any("t.shape[1]" in fix for fix in result.fixes)
 
 
 @pytest.mark.parametrize(
     "kw, words",
     [
         (dict(split="seq_first"), "batch axis got mixed"),
-        (dict(scale=False), "not scaled by 1 / sqrt(d_head)"),
-        (dict(transpose_back=False), "merging heads needs transpose(1, 2)"),
+        (dict(scale=False), "the scores are not scaled"),
+        (dict(transpose_back=False), "merging the heads must bring the positions back"),
         (dict(split="straight"), "split and merge the heads with a plain reshape"),
     ],
 )
@@ -182,7 +211,8 @@ def test_multi_head_attention_blames_the_query_length_only_for_a_shape_error():
         raise ValueError("not yet")
 
     result = ex.check_multi_head_attention(raises)
-    assert "query's length" not in result.text and result.text.count("Hint: project with") == 4
+    assert "not as many as the queries" not in result.text and result.text.count("❌") == 4
+    assert result.text.count("Hint: the steps of MultiHeadAttention.forward") == 1
 
 
 def test_multi_head_attention_survives_a_stub_and_a_wrong_type():
@@ -223,15 +253,16 @@ def test_attention_crossover_accepts_a_reasoned_prediction():
     "prediction, words",
     [
         (768, "the four projections alone"),
-        (1536, "count the feed-forward layer as two products"),
+        (1536, "is the feed-forward layer's width"),
         (4608, "attention has two products"),
         (27648, "the heads do not change the count"),
-        (1000, "Divide both sides by 2 T d_model"),
+        (1000, "the crossover is where the two counts are equal"),
     ],
 )
 def test_attention_crossover_names_the_mistake(prediction, words):
     result = ex.check_attention_crossover(prediction)
     assert not result.passed and words in result.text, result.text
+    assert "d_model d_ff" not in result.text  # the equation only when asked for
 
 
 def test_attention_crossover_survives_an_unanswered_starter_and_a_wrong_type():

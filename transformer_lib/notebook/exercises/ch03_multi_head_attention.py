@@ -1,4 +1,5 @@
-"""Chapter 3, multi-head attention: ``check_split_heads`` (fix a head split ported from sequence-first code),
+"""Chapter 3, multi-head attention: ``check_split_heads`` (fix a head split that folds the heads into the batch in
+the wrong order),
 ``check_multi_head_attention`` (fix a forward pass that reshapes keys and values with the query's length) and
 ``check_attention_crossover`` (a prediction: the length from which attention outweighs the rest of a layer)."""
 
@@ -10,12 +11,33 @@ import torch
 from torch import Tensor
 
 from ...attention import MultiHeadAttention, scaled_dot_product_attention
-from ._framework import Bug, Checker, bug_table, checker
+from ._framework import Bug, Checker, Hint, bug_table, checker
 
 __all__ = ["check_split_heads", "check_multi_head_attention", "check_attention_crossover"]
 
+ANSWER_MARKERS: dict[str, tuple[str, ...]] = {  # exercise label -> what gives its answer away
+    "ex-split-heads": ("stack(x.split(d_head, dim=-1), dim=1)", "reshape(B * n_heads, T, d_head)", "example-major"),
+    "ex-cross-attention": ("t.shape[1]", "key.shape[1]", "view(batch_size, t.shape"),
+    "ex-crossover": ("2304", "2 d_model + d_ff", "2\\,d_\\text{model} + d_\\text{ff}", "2 * 384 + 1536"),
+    "ex-heads-budget": ("rank at most", "64 times as many weights"),
+    "ex-seeds": ("interchangeable at initialization", "permuting them"),
+}
+
 
 # ---------------------------------------------------------------- Spot the bug: heads folded into the batch
+
+SPLIT_HEADS_STARTER = """\
+def split_heads(x, n_heads):  # find and fix the bug
+    \"\"\"Fold the heads into the batch for torch.bmm: row b * n_heads + h is head h of example b.
+
+    Shapes: x (B, T, d_model) -> (B * n_heads, T, d_head).
+    \"\"\"
+    d_head = x.shape[-1] // n_heads
+    return torch.cat(x.split(d_head, dim=-1), dim=0)  # n_heads pieces (B, T, d_head), one after the other
+"""
+"""The exercise's starter cell: answered with this code unchanged, the check says "not answered yet"."""
+
+_SPLIT_SECTION = "reread 'Splitting and merging heads'"
 
 
 def _fold(x: Tensor, n_heads: int, *, bug: str = "") -> Tensor:
@@ -38,25 +60,35 @@ def _fold(x: Tensor, n_heads: int, *, bug: str = "") -> Tensor:
     return heads.reshape(B * n_heads, T, d_head)
 
 
+_FOLD = "x.view(B, T, n_heads, d_head).transpose(1, 2).reshape(B * n_heads, T, d_head)"
 _SPLIT_BUGS = {  # bug -> hint, for _fold(..., bug=bug)
-    "sequence-first": "right for a batch of one, wrong beyond: view(T, B * n_heads, d_head).transpose(0, 1) is the "
-    "line for sequence-first input (T, B, d_model). On batch-first x it cuts the memory of the whole batch into T "
-    "rows, so a 'head' holds positions of different examples. Split with B as its own axis first, "
-    "x.view(B, T, n_heads, d_head).transpose(1, 2), then fold: .reshape(B * n_heads, T, d_head).",
-    "straight": "the straight reshape with the batch folded in: x.view(B * n_heads, T, d_head) (or a reshape without "
-    "transpose(1, 2)) makes each 'head' a run of T * d_head consecutive numbers, pieces of several positions with "
-    "the features of every head, wrong even for one example. View as (B, T, n_heads, d_head), transpose(1, 2), "
-    "then fold.",
-    "head-major": "the heads are folded in the order (n_heads, B), row h * B + b. The layout is example-major, "
-    "row b * n_heads + h, like PyTorch's: the unfold .view(B, n_heads, T, d_head) and a mask "
-    "repeated per head (mask.repeat_interleave(n_heads, 0)) expect it. After transpose(1, 2) the "
-    "axes are already (B, n_heads, T, d_head): reshape them as they are.",
-    "not folded": "you return (B, n_heads, T, d_head), the library's layout; torch.bmm takes 3-D tensors: fold "
-    "the two leading axes with .reshape(B * n_heads, T, d_head).",
+    "sequence-first": Hint(
+        "right for a batch of one, wrong beyond: that is the line for sequence-first input (T, B, d_model). On "
+        "batch-first x it cuts the memory of the whole batch into T rows, so a 'head' holds positions of "
+        "different examples (reread 'The batch flattened into the head split').",
+        f"split with B as its own axis first, then fold: {_FOLD}.",
+    ),
+    "straight": Hint(
+        "each 'head' is a run of T * d_head consecutive numbers of x: pieces of several positions, with the "
+        f"features of every head, wrong even for one example ({_SPLIT_SECTION}).",
+        f"view as (B, T, n_heads, d_head), transpose(1, 2), then fold: {_FOLD}.",
+    ),
+    "head-major": Hint(
+        "your rows come in the order (head, example): row h * B + b holds head h of example b, and only with one "
+        "example does that agree with the layout asked for, row b * n_heads + h, the order that the unfold "
+        f".view(B, n_heads, T, d_head) and a mask repeated with repeat_interleave expect ({_SPLIT_SECTION}).",
+        "put the head axis right after the batch axis, then fold: torch.stack(x.split(d_head, dim=-1), dim=1)"
+        f".reshape(B * n_heads, T, d_head), or {_FOLD}.",
+    ),
+    "not folded": Hint(
+        "you return (B, n_heads, T, d_head), the library's layout; torch.bmm takes 3-D tensors, so the two leading "
+        "axes must become one.",
+        "fold them: .reshape(B * n_heads, T, d_head).",
+    ),
 }
 
 
-@checker
+@checker(starter=SPLIT_HEADS_STARTER)
 def check_split_heads(c: Checker, split_heads: Callable[[Tensor, int], Tensor]) -> None:
     """Check ``split_heads(x, n_heads)``, which folds the heads into the batch for ``torch.bmm``: row
     ``b * n_heads + h`` of the result is head h of example b, the features h * d_head to (h + 1) * d_head - 1 of
@@ -72,12 +104,31 @@ def check_split_heads(c: Checker, split_heads: Callable[[Tensor, int], Tensor]) 
             lambda x, n_heads: split_heads(x, n_heads),
             _fold(x, n_heads),
             bugs=bug_table(_SPLIT_BUGS, _fold, x, n_heads),
-            hint="x.view(B, T, n_heads, d_head).transpose(1, 2).reshape(B * n_heads, T, d_head).",
+            hint=Hint(
+                "row b * n_heads + h must hold head h of example b: the features h * d_head to (h + 1) * d_head - 1 "
+                f"of every position of that example ({_SPLIT_SECTION}).",
+                f"{_FOLD}.",
+            ),
             inputs={"x": x, "n_heads": n_heads},
         )
 
 
 # ---------------------------------------------------------------- Spot the bug: keys reshaped with the query's length
+
+MHA_FORWARD_STARTER = """\
+def mha_forward(mha, query, key, value):  # find and fix the bug
+    batch_size, seq_len, d_model = query.shape
+    n_heads, d_head = mha.n_heads, d_model // mha.n_heads
+
+    def heads(t):  # (B, T, d_model) -> (B, n_heads, T, d_head)
+        return t.view(batch_size, seq_len, n_heads, d_head).transpose(1, 2)
+
+    q, k, v = heads(mha.q_proj(query)), heads(mha.k_proj(key)), heads(mha.v_proj(value))
+    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d_head), dim=-1)  # (B, n_heads, T_q, T_k)
+    out = (weights @ v).transpose(1, 2).reshape(batch_size, seq_len, d_model)  # (B, T_q, d_model)
+    return mha.out_proj(out)
+"""
+"""The exercise's starter cell: answered with this code unchanged, the check says "not answered yet"."""
 
 
 def _split_batch_first(x: Tensor, n_heads: int) -> Tensor:
@@ -99,13 +150,14 @@ def _split_straight(x: Tensor, n_heads: int) -> Tensor:
 _SHAPE_ERROR_WORDS = ("is invalid for input of size", "must match the size", "Expected size", "size mismatch")
 
 
-def _query_length_hint(error: Exception) -> str:
+def _query_length_hint(error: Exception) -> Hint | str:
     """For a shape error only with more keys than queries: the query's length used for the keys' view or reshape."""
     if any(words in str(error) for words in _SHAPE_ERROR_WORDS):
-        return (
-            "this fails when the keys are not as many as the queries: do you split k and v with the query's "
-            "length (a T or seq_len taken from query.shape)? Read each length from the tensor being split: "
-            "t.view(B, t.shape[1], n_heads, d_head), or -1 for it."
+        return Hint(
+            "this shape error comes only when the keys are not as many as the queries: check where each length "
+            "that your split uses comes from, tensor by tensor.",
+            "read each length from the tensor being split, t.view(B, t.shape[1], n_heads, d_head) (or -1 for it), "
+            "not from query.shape.",
         )
     return ""
 
@@ -122,18 +174,30 @@ def _mha_by_hand(mha: MultiHeadAttention, query: Tensor, key: Tensor, *, bug: st
 
 
 _MHA_BUGS = {  # bug -> hint, for _mha_by_hand(..., bug=bug)
-    "sequence-first": "right for a batch of one, wrong beyond: the batch axis got mixed into the head split. "
-    "Keep B as its own axis: x.view(B, T, n_heads, d_head).transpose(1, 2).",
-    "unscaled": "the scores are not scaled by 1 / sqrt(d_head).",
-    "no transpose": "merging heads needs transpose(1, 2) before the reshape to (B, T, d_model); "
-    "a plain reshape interleaves positions and heads.",
-    "plain reshape": "you split and merge the heads with a plain reshape (or a view(B * n_heads, T, d_head)): "
-    "each 'head' gets pieces of several positions. Split with x.view(B, T, n_heads, d_head)"
-    ".transpose(1, 2); merge with transpose(1, 2) then reshape(B, T, d_model).",
+    "sequence-first": Hint(
+        "right for a batch of one, wrong beyond: the batch axis got mixed into the head split (reread 'The batch "
+        "flattened into the head split').",
+        "keep B as its own axis: x.view(B, T, n_heads, d_head).transpose(1, 2).",
+    ),
+    "unscaled": Hint(
+        "the scores are not scaled: attention divides them by the square root of the head's size (chapter 1).",
+        "divide the scores by math.sqrt(d_head).",
+    ),
+    "no transpose": Hint(
+        "merging the heads must bring the positions back in front of the heads before the reshape; a plain "
+        "reshape interleaves positions and heads (reread 'Where view fails').",
+        "out.transpose(1, 2).reshape(B, T_q, d_model).",
+    ),
+    "plain reshape": Hint(
+        f"you split and merge the heads with a plain reshape: each 'head' gets pieces of several positions "
+        f"({_SPLIT_SECTION}).",
+        "split with x.view(B, T, n_heads, d_head).transpose(1, 2); merge with transpose(1, 2) then "
+        "reshape(B, T, d_model).",
+    ),
 }
 
 
-@checker
+@checker(starter=MHA_FORWARD_STARTER)
 def check_multi_head_attention(c: Checker, mha_forward: Callable[..., Tensor]) -> None:
     """Check ``mha_forward(mha, query, key, value)`` computing multi-head attention by hand.
 
@@ -159,8 +223,13 @@ def check_multi_head_attention(c: Checker, mha_forward: Callable[..., Tensor]) -
                 lambda mha, query, key, value: mha_forward(mha, query, key, value),
                 mha(query, key, key),
                 bugs=bug_table(_MHA_BUGS, _mha_by_hand, mha, query, key),
-                hint="project with mha.q_proj/k_proj/v_proj, split into heads (each tensor with its own length), "
-                "attend with scale 1/sqrt(d_head), merge heads (transpose(1, 2) then reshape), then mha.out_proj.",
+                hint=Hint(
+                    "the steps of MultiHeadAttention.forward: project with the module's own projections, split "
+                    "every tensor into heads, attend with the scale 1/sqrt(d_head), merge the heads, project out "
+                    f"({_SPLIT_SECTION}).",
+                    "project with mha.q_proj/k_proj/v_proj, split into heads (each tensor with its own length), "
+                    "attend with scale 1/sqrt(d_head), merge heads (transpose(1, 2) then reshape), then mha.out_proj.",
+                ),
                 error_hint="" if T_q == T_k else _query_length_hint,
                 inputs={"mha": mha, "query": query, "key": key, "value": key},
             )
@@ -196,13 +265,20 @@ def check_attention_crossover(c: Checker, prediction: float) -> None:
         bugs=(
             Bug(
                 lambda: float(2 * d_model),
-                f"{2 * d_model} = 2 d_model is where attention overtakes the four projections alone (the chapter's "
-                "table). The feed-forward layer belongs to the rest too: it adds 2 T d_model d_ff.",
+                Hint(
+                    f"{2 * d_model} = 2 d_model is where attention overtakes the four projections alone (the "
+                    "chapter's table). The feed-forward layer belongs to the rest too.",
+                    "the feed-forward layer adds 2 T d_model d_ff to the rest.",
+                ),
             ),
             Bug(
                 lambda: float(d_ff),
-                f"{d_ff}: count the feed-forward layer as two products, (T, d_model) x (d_model, d_ff) and back, "
-                "2 T d_model d_ff in all, and the four projections as well.",
+                Hint(
+                    f"{d_ff} is the feed-forward layer's width, not a length: count its multiply-adds, and the "
+                    "four projections' as well.",
+                    "the feed-forward layer is two products, (T, d_model) x (d_model, d_ff) and back, 2 T d_model "
+                    "d_ff in all; the projections 4 T d_model².",
+                ),
             ),
             Bug(
                 lambda: 2 * expected,
@@ -215,7 +291,11 @@ def check_attention_crossover(c: Checker, prediction: float) -> None:
                 "n_heads T² d_head = T² d_model multiply-adds per product.",
             ),
         ),
-        hint="attention costs 2 T² d_model (scores and weighted sum), the rest 4 T d_model² (projections) plus "
-        "2 T d_model d_ff (feed-forward). Divide both sides by 2 T d_model and solve for T.",
+        hint=Hint(
+            "count the multiply-adds of every product as 'What attention costs' does: attention grows like T², the "
+            "rest like T, and the crossover is where the two counts are equal.",
+            "attention costs 2 T² d_model (scores and weighted sum), the rest 4 T d_model² (projections) plus "
+            "2 T d_model d_ff (feed-forward). Divide both sides by 2 T d_model and solve for T.",
+        ),
         atol=50.0,
     )
