@@ -1,6 +1,7 @@
-"""Chapter 8's checkers: the predicted training state under autocast (measured here), gradient accumulation over
-padded micro-batches (spot the bug: each loss divided by k), a loss-scaled step (spot the bug: clipping the scaled
-gradients) and attention split over processes by heads accept right answers and name the classic mistakes."""
+"""Chapter 8's checkers: the predicted training state of a model converted to bf16 (measured here), gradient
+accumulation over padded micro-batches (spot the bug: each loss divided by k), a loss-scaled step (spot the bug:
+clipping the scaled gradients) and attention split over processes by heads accept right answers, call an untouched
+starter "not answered yet", and name the classic mistakes (the concept by default, the fix in code on request)."""
 
 from __future__ import annotations
 
@@ -16,44 +17,72 @@ from transformer_lib.notebook import exercises as ex
 from transformer_lib.notebook.exercises import ch08_training_at_scale as ch08
 from transformer_lib.training import make_optimizer
 
-# ---------------------------------------------------------------- the training state under autocast (a prediction)
+# ---------------------------------------------------------------- the training state of a bf16 model (a prediction)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_the_predicted_bytes_per_parameter_are_measured_after_an_autocast_step(dtype):
+def test_the_predicted_bytes_per_parameter_are_measured_after_a_step_of_the_converted_model(dtype):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layers=2, n_heads=2, d_model=16)).to(dtype)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randint(0, 11, (2, 8))
+    model(x, torch.roll(x, -1, 1))[1].backward()
+    optimizer.step()
+    n = sum(p.numel() for p in model.parameters())
+    sizes = state_bytes(model, optimizer)
+    assert all(p.grad.dtype == dtype for p in model.parameters())
+    assert sizes["total"] / n == ch08.amp_state_bytes_per_parameter() == 8
+    assert ex.check_amp_state_bytes(sizes["total"] / n).passed
+
+
+def test_mixed_precision_keeps_16_bytes_which_the_checker_explains():
+    """The body's count, under autocast with fp32 weights, is the checker's first classic wrong answer."""
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layers=2, n_heads=2, d_model=16))
     optimizer = make_optimizer(model, 1e-3, 0.1, device=torch.device("cpu"))
     x = torch.randint(0, 11, (2, 8))
-    with torch.autocast("cpu", dtype=dtype):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
         loss = model(x, torch.roll(x, -1, 1))[1]
     loss.backward()
     optimizer.step()
-    n = sum(p.numel() for p in model.parameters())
     sizes = state_bytes(model, optimizer)
-    assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in model.parameters())
-    assert sizes["total"] / n == ch08.amp_state_bytes_per_parameter() == 16
-    assert ex.check_amp_state_bytes(sizes["total"] / n).passed
+    assert sizes["total"] / sum(p.numel() for p in model.parameters()) == 16
+    result = ex.check_amp_state_bytes(16)
+    assert not result.passed and "whose weights stay fp32" in result.text, result.text
 
 
 @pytest.mark.parametrize(
     ("wrong", "words"),
-    [(8, "autocast does not convert the model"), (12, "model converted to bf16"), (18, "copies of the weights")],
+    [
+        (12, "you count AdamW's moments in fp32"),
+        (14, "you count the gradients in fp32"),
+        (4, "count their gradients and AdamW's two moments"),
+        (6, "AdamW keeps two moments"),
+        (2, "that is the weights alone"),
+        (7, "count four numbers per parameter"),
+    ],
 )
-def test_amp_state_bytes_names_the_wrong_counts(wrong, words):
+def test_amp_state_bytes_names_the_wrong_counts_and_keeps_the_sum_for_hint(wrong, words):
     result = ex.check_amp_state_bytes(wrong)
     assert not result.passed and words in result.text, result.text
+    assert "2 + 2 + 2 x 2" not in result.text and any("2 + 2 + 2 x 2 = 8" in fix for fix in result.fixes)
 
 
 # ---------------------------------------------------------------- gradient accumulation over padded micro-batches
 
 
-def starter_accumulate(model, micro_batches):
-    """The exercise's starter: each micro-batch's mean loss divided by the number of micro-batches."""
+def cell(source: str, **names):
+    """The function that a notebook cell of ``source`` defines, compiled as a cell is (``names``: its imports)."""
+    namespace = dict(names)
+    exec(compile(source, "<cell>", "exec", dont_inherit=True), namespace)
+    return next(v for k, v in namespace.items() if callable(v) and k not in names and not k.startswith("__"))
+
+
+def starter_accumulate(model, micro_batches):  # the exercise's starter, changed: the loss named differently
     k = len(micro_batches)
     for x, y in micro_batches:
-        loss = model(x, y)[1]
-        (loss / k).backward()
+        mean_loss = model(x, y)[1]
+        (mean_loss / k).backward()
 
 
 def summed_accumulate(model, micro_batches):
@@ -84,20 +113,29 @@ def test_accumulate_accepts_right_answers_and_names_the_starter_bug():
     result = ex.check_accumulate(starter_accumulate)
     assert not result.passed and "4 of 5 checks failed" in result.text, result.text
     assert "✅ 2 micro-batches of 2 sequences, no ignored targets" in result.text  # dividing by k is right there
-    assert result.text.count("dividing each micro-batch's loss by k is right only when") == 4
+    assert result.text.count("gives every micro-batch the same weight") == 1  # the concept, once
+    assert "Gradient accumulation" in result.text and "y != -100" not in result.text  # ... no code of the fix
+    assert result.fixes == [ch08._ACCUMULATE_BUGS["k"].fix] and "n_i / N" in result.fixes[0]
+
+
+def test_accumulate_calls_the_untouched_starter_not_answered_yet():
+    assert ex.check_accumulate(cell(ch08._ACCUMULATE_STARTER)).status == "unanswered"
+    changed = ch08._ACCUMULATE_STARTER.replace("(loss / k)", "(loss / len(micro_batches))")
+    assert ex.check_accumulate(cell(changed)).status == "failed"  # tried: graded
 
 
 @pytest.mark.parametrize(
-    ("bug", "words"),
+    ("bug", "words", "fix"),
     [
-        ("none", "the sum of k means"),
-        ("positions", "count only the target tokens"),
-        ("last", "don't zero them between micro-batches"),
+        ("none", "the sum of k means", "n_i / N"),
+        ("positions", "count only the targets that enter the loss", "not y.numel()"),
+        ("last", "keeps only the last one's", "zero_grad()"),
     ],
 )
-def test_accumulate_names_the_other_bugs(bug, words):
+def test_accumulate_names_the_other_bugs(bug, words, fix):
     result = ex.check_accumulate(lambda model, micro_batches: ch08._accumulate(model, micro_batches, bug=bug))
     assert not result.passed and words in result.text, result.text
+    assert fix not in result.text and any(fix in f for f in result.fixes)
 
 
 def test_accumulate_fails_an_answer_that_rewrites_the_targets_in_place():
@@ -113,13 +151,12 @@ def test_accumulate_fails_an_answer_that_rewrites_the_targets_in_place():
 # ---------------------------------------------------------------- a loss-scaled step with clipping
 
 
-def starter_step(model, optimizer, scaler, x, y, max_norm):
-    """The exercise's starter: it clips the scaled gradients."""
+def starter_step(model, optimizer, scaler, x, y, max_norm):  # the starter, changed: max_norm passed by name
     optimizer.zero_grad()
     with torch.autocast("cpu", dtype=torch.float16):
         loss = model(x, y)[1]
     scaler.scale(loss).backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=max_norm)
     scaler.step(optimizer)
     scaler.update()
 
@@ -137,21 +174,30 @@ def test_the_right_step_skips_an_overflow_and_halves_the_scale():
 def test_scaled_step_names_clipping_before_unscaling():
     result = ex.check_scaled_step(starter_step)
     assert not result.passed and "3 of 4 checks failed" in result.text, result.text
-    assert result.text.count("you clip the *scaled* gradients") == 3
+    assert result.text.count("you clip the *scaled* gradients") == 1 and "unscale_" not in result.text
+    assert result.fixes == [ch08._SCALED_STEP_BUGS["clip_scaled"].fix] and "unscale_" in result.fixes[0]
+
+
+def test_scaled_step_calls_the_untouched_starter_not_answered_yet():
+    names = {"torch": torch}
+    assert ex.check_scaled_step(cell(ch08._SCALED_STEP_STARTER, **names)).status == "unanswered"
+    moved = ch08._SCALED_STEP_STARTER.replace("max_norm)  #", "max_norm * 1.0)  #")
+    assert ex.check_scaled_step(cell(moved, **names)).status == "failed"
 
 
 @pytest.mark.parametrize(
-    ("bug", "words"),
+    ("bug", "words", "fix"),
     [
-        ("no_clip", "clip the unscaled gradients"),
-        ("twice", "scaler.step divides them again"),
-        ("plain_step", "not optimizer.step()"),
-        ("no_update", "call scaler.update() after scaler.step(optimizer)"),
+        ("no_clip", "your step never clips", "clip_grad_norm_"),
+        ("twice", "the gradients end up divided twice", "scaler.unscale_(optimizer) unscales once"),
+        ("plain_step", "your step writes NaN into the weights", "not optimizer.step()"),
+        ("no_update", "the scaler must update the scale", "call scaler.update() after scaler.step(optimizer)"),
     ],
 )
-def test_scaled_step_names_the_other_bugs(bug, words):
+def test_scaled_step_names_the_other_bugs(bug, words, fix):
     result = ex.check_scaled_step(lambda *args: ch08._scaled_step(*args, bug=bug))
     assert not result.passed and words in result.text, result.text
+    assert fix not in result.text and any(fix in f for f in result.fixes), result.fixes
 
 
 # ---------------------------------------------------------------- attention split over processes by heads
@@ -177,15 +223,16 @@ def test_the_shares_sum_to_the_library_attention(n_heads, world_size):
 
 
 @pytest.mark.parametrize(
-    ("bug", "words", "failures"),
+    ("bug", "words", "failures", "fix"),
     [
-        ("bias", "adds it world_size times", 4),
-        ("no_mask", "pass is_causal=True", 4),
-        ("interleaved", "contiguous block of heads", 2),
-        ("d_model", "not 1/sqrt(d_model)", 4),
+        ("bias", "adds it world_size times", 4, "leave the bias out"),
+        ("no_mask", "must not attend to the later ones", 4, "is_causal=True"),
+        ("interleaved", "contiguous block of heads", 2, "heads = range(rank * n_heads // world_size"),
+        ("d_model", "not of the whole model", 4, "not 1/sqrt(d_model)"),
     ],
 )
-def test_attention_shard_names_the_bugs(bug, words, failures):
+def test_attention_shard_names_the_bugs(bug, words, failures, fix):
     result = ex.check_attention_shard(lambda *args: ch08._attention_shard(*args, bug=bug))
     assert not result.passed and f"{failures} of 4 checks failed" in result.text, result.text
-    assert result.text.count(words) == failures, result.text
+    assert result.text.count(words) == 1, result.text  # the concept once, however many cases failed
+    assert fix not in result.text and any(fix in f for f in result.fixes), result.fixes

@@ -1,5 +1,5 @@
-"""Chapter 8, training at scale: the training state under autocast, gradient accumulation over padded
-micro-batches, a loss-scaled step with clipping, and attention split over processes by heads.
+"""Chapter 8, training at scale: the training state of a model converted to bf16, gradient accumulation over
+padded micro-batches, a loss-scaled step with clipping, and attention split over processes by heads.
 
 ``check_amp_state_bytes`` (a prediction), ``check_accumulate``, ``check_scaled_step``, ``check_attention_shard``.
 """
@@ -18,9 +18,16 @@ from torch import Tensor, nn
 from ...attention import MultiHeadAttention
 from ...memory import adamw_bytes_per_parameter
 from ...models import GPT, GPTConfig
-from ._framework import Bug, Checker, bug_table, checker
+from ._framework import Bug, Checker, Hint, bug_table, checker
 
 __all__ = ["check_amp_state_bytes", "check_accumulate", "check_scaled_step", "check_attention_shard"]
+
+ANSWER_MARKERS: dict[str, tuple[str, ...]] = {  # exercise label -> strings that would give its answer away
+    "ex-bf16-state": ("2 + 2 + 2 x 2", "2 + 2 + 2 \\times 2", "zeros_like(p)"),
+    "ex-accumulate-padding": ("(y != -100).sum()", "n_i / n", "same number of target tokens", 'reduction="sum"'),
+    "ex-clip-scaled": ("unscale_", "clip only after", "after unscaling"),
+    "ex-attention-shard": ("out_proj.weight[:,",),
+}
 
 IGNORE = -100
 """The target id that ``GPT``'s loss (``F.cross_entropy``'s ``ignore_index``) leaves out: padding, prompts."""
@@ -42,48 +49,87 @@ def _flat_weights(model: nn.Module) -> Tensor:
     return torch.cat([p.detach().flatten() for p in model.parameters()])
 
 
-# --------------------------------------------------------------------------- the training state under autocast
-
-AMP_DTYPE = torch.bfloat16
-"""The prediction's autocast precision: the matrix products run in bf16."""
+# --------------------------------------------------------------------------- the training state of a bf16 model
 
 
 def amp_state_bytes_per_parameter() -> int:
-    """Bytes of training state per parameter when a model trains with AdamW under ``torch.autocast``: autocast
-    casts *copies* of the weights for each product; the weights, their gradients (a gradient has its parameter's
-    dtype) and AdamW's two moments all stay fp32, 4 + 4 + 2 x 4."""
-    return adamw_bytes_per_parameter(param_bytes=4, moment_bytes=4)
+    """Bytes of training state per parameter of a model converted to bf16 and trained with PyTorch's AdamW: the
+    weights are bf16, their gradients too (a gradient has its parameter's dtype), and so are AdamW's two moments
+    (created like their parameter), 2 + 2 + 2 x 2. Mixed precision, whose weights stay fp32, keeps 16."""
+    return adamw_bytes_per_parameter(param_bytes=2, moment_bytes=2)
+
+
+_STATE_FIX = (
+    "model.to(torch.bfloat16) converts every parameter; a gradient has its parameter's dtype; torch.optim.AdamW "
+    "creates its moments with torch.zeros_like(p): 2 + 2 + 2 x 2 = 8 bytes."
+)
 
 
 @checker(answer="value")
 def check_amp_state_bytes(c: Checker, prediction: float) -> None:
     """Check ``prediction``: the bytes per parameter of a model's training state (weights, gradients, AdamW's
-    moments) after a step taken under ``torch.autocast`` in bf16."""
+    moments) after a step of PyTorch's AdamW on the model converted to bf16 (``model.to(torch.bfloat16)``)."""
     c.case(
         "bytes per parameter",
         lambda: prediction,
         float(amp_state_bytes_per_parameter()),
         bugs=(
             Bug(
-                lambda: 8,
-                "autocast does not convert the model: the weights stay fp32 (4 bytes), and so do their gradients "
-                "and AdamW's moments. Only the copies that each matrix product makes are bf16.",
+                lambda: 16,
+                Hint(
+                    "16 is the state of fp32 training and of mixed precision, whose weights stay fp32 (reread "
+                    "'What stays in fp32'). Here the model itself was converted: in which dtype are its weights "
+                    "now, and in which do their gradients and AdamW's moments follow?",
+                    _STATE_FIX,
+                ),
             ),
             Bug(
                 lambda: 12,
-                "2 + 2 + 8 would be a model converted to bf16 (model.to(torch.bfloat16)) with fp32 moments. "
-                "Autocast leaves the weights in fp32, so their gradients are fp32 too.",
+                Hint(
+                    "you count AdamW's moments in fp32, as the mixed-precision recipes of 'Sharding the state: ZeRO "
+                    "and FSDP' keep them. PyTorch's AdamW has no such rule: in which dtype does it create the state "
+                    "of a bf16 parameter?",
+                    _STATE_FIX,
+                ),
             ),
             Bug(
-                lambda: 18,
-                "the bf16 copies of the weights exist only while a product runs (and as saved activations for "
-                "the backward pass), not in the training state between steps.",
+                lambda: 14,
+                Hint(
+                    "you count the gradients in fp32: a gradient always has its parameter's dtype, and so do "
+                    "AdamW's moments.",
+                    _STATE_FIX,
+                ),
             ),
-            Bug(lambda: 4, "the weights are only a quarter of it: count their gradients and AdamW's two moments."),
-            Bug(lambda: 10, "AdamW keeps two moments per parameter (the mean and the mean square), in fp32."),
+            Bug(
+                lambda: 4,
+                Hint(
+                    "the weights are only part of it: count their gradients and AdamW's two moments "
+                    "(reread 'Where the memory goes').",
+                    _STATE_FIX,
+                ),
+            ),
+            Bug(
+                lambda: 6,
+                Hint(
+                    "AdamW keeps two moments per parameter, the mean and the mean square of the gradient.",
+                    _STATE_FIX,
+                ),
+            ),
+            Bug(
+                lambda: 2,
+                Hint(
+                    "that is the weights alone: training also keeps their gradients and AdamW's two "
+                    "moments (reread 'Where the memory goes').",
+                    _STATE_FIX,
+                ),
+            ),
         ),
-        hint="what does autocast change: the parameters' dtype, or only the inputs of each matrix product? "
-        "Then count the weight, its gradient and AdamW's two moments, in bytes.",
+        hint=Hint(
+            "count four numbers per parameter after the step (the weight, its gradient, AdamW's two moments), "
+            "each in the dtype it has once the model itself is bf16; reread 'Where the memory goes' for the "
+            "four and 'What stays in fp32' for what converting the model changes that autocast does not.",
+            _STATE_FIX,
+        ),
         atol=0.01,
     )
 
@@ -154,19 +200,46 @@ _ACCUMULATE_CASES = (  # (name, the micro-batches' numbers of sequences, their n
     ("micro-batches of 3 and 1 sequences, the first one's last 4 targets ignored", (3, 1), (4, 0)),
 )
 _ACCUMULATE_BUGS = {  # bug -> hint, for _accumulate(..., bug=bug)
-    "k": "dividing each micro-batch's loss by k is right only when every micro-batch has the same number of "
-    "target tokens. Each loss is a mean over its own targets: weight it by its share of the whole batch's "
-    "targets, n_i / N with n_i = (y != -100).sum().",
-    "none": "the gradients add up over the micro-batches: without scaling each loss you get the sum of k means, "
-    "about k times the gradient of the batch's mean.",
-    "positions": "count only the target tokens that enter the loss, (y != -100).sum(), not every position: the "
-    "ignored ones contribute nothing to the mean.",
-    "last": "the gradients of the micro-batches must add up: don't zero them between micro-batches (only once, "
-    "before the first).",
+    "k": Hint(
+        "dividing each micro-batch's mean loss by k gives every micro-batch the same weight, whatever its number "
+        "of target tokens, while the whole batch's mean gives every target token the same weight. The two agree "
+        "only for some batches: reread the derivation of the division by k in 'Gradient accumulation'.",
+        "weight micro-batch i's mean loss by n_i / N, with n_i = (y != -100).sum() its target tokens and N those "
+        "of the whole batch (or sum its token losses, reduction='sum', and divide by N).",
+    ),
+    "none": Hint(
+        "the gradients add up over the micro-batches: without scaling each loss you get the sum of k means, "
+        "about k times the gradient of the batch's mean ('Gradient accumulation' measures that factor).",
+        "scale micro-batch i's mean loss by n_i / N, its share of the batch's target tokens, before backward().",
+    ),
+    "positions": Hint(
+        "you weight by positions, the ignored ones included, but an ignored target contributes nothing to the "
+        "mean: count only the targets that enter the loss.",
+        "n_i = (y != -100).sum(), not y.numel().",
+    ),
+    "last": Hint(
+        "the gradients of the micro-batches must add up in the parameters' gradients: zeroing them between "
+        "micro-batches keeps only the last one's (reread 'Gradient accumulation').",
+        "don't call model.zero_grad() inside the loop (the checker hands you zeroed gradients).",
+    ),
 }
+_ACCUMULATE_HINT = Hint(
+    "the batch's mean loss is the sum of every target token's loss divided by N, the number of targets that are "
+    "not ignored in the whole batch: each token must weigh 1 / N, in whichever micro-batch it sits.",
+    "backpropagate loss_i * n_i / N for micro-batch i, n_i = (y_i != -100).sum() its own count.",
+)
 
 
-@checker
+_ACCUMULATE_STARTER = """\
+def accumulate(model, micro_batches):  # find and fix the bug
+    k = len(micro_batches)
+    for x, y in micro_batches:
+        loss = model(x, y)[1]  # the mean over this micro-batch's targets that are not -100
+        (loss / k).backward()
+"""
+
+
+@checker(starter=_ACCUMULATE_STARTER)
 def check_accumulate(c: Checker, accumulate: Callable[[nn.Module, list], Any]) -> None:
     """Check ``accumulate(model, micro_batches)``: after it, the gradients of ``model`` (a ``GPT``, whose loss is the
     mean over the targets that are not -100) are those of the mean loss over every target token of the whole batch,
@@ -181,8 +254,7 @@ def check_accumulate(c: Checker, accumulate: Callable[[nn.Module, list], Any]) -
             lambda model, micro_batches: _grads_after(accumulate, model, micro_batches),
             _whole_batch_grads(_tiny_gpt(seed=i), micro),
             bugs=bug_table(_ACCUMULATE_BUGS, _grads_with_bug, i, micro),
-            hint="the batch's mean loss is (sum of every target token's loss) / N, N the number of targets that are "
-            "not -100 in the whole batch: backpropagate loss_i * n_i / N for micro-batch i, n_i its own count.",
+            hint=_ACCUMULATE_HINT,
             inputs={"model": _tiny_gpt(seed=i), "micro_batches": micro},
         )
 
@@ -235,16 +307,20 @@ def _nan_to_zero(result: tuple[Tensor, float]) -> tuple[Tensor, float]:
     return result[0].nan_to_num(0.0), result[1]
 
 
-def _scaler_error_hint(error: Exception) -> str:
+def _scaler_error_hint(error: Exception) -> Hint | str:
     """What GradScaler's own errors mean for the answer."""
     text = str(error)
     if "unscale_() is being called after step()" in text:
-        return (
-            "call scaler.update() after scaler.step(optimizer), at every step: it halves the scale after an "
-            "overflow, grows it after growth_interval good steps, and readies the scaler for the next step."
+        return Hint(
+            "GradScaler refuses to go on: after its step, the scaler must update the scale (halve it after an "
+            "overflow, grow it after a run of good steps) before the next step; reread 'The loss scaler'.",
+            "call scaler.update() after scaler.step(optimizer), at every step.",
         )
     if "unscale_() has already been called" in text:
-        return "unscale_ may be called once per step, before scaler.step (which then does not unscale again)."
+        return Hint(
+            "the gradients are unscaled twice in one step: GradScaler allows it once per step, before its step.",
+            "call scaler.unscale_(optimizer) once, before clipping; scaler.step does not unscale again.",
+        )
     return ""
 
 
@@ -271,19 +347,50 @@ _SCALED_STEP_CASES = (  # (name, the scaler's initial scale, the number of steps
     ("2 steps from scale 2**40: the first overflows and is skipped", 2.0**40, 2, 0.1),
 )
 _SCALED_STEP_BUGS = {  # bug -> hint, for _scaled_step(..., bug=bug)
-    "clip_scaled": "you clip the *scaled* gradients: their norm is the true norm times the scale, "
-    "so clipping cuts them far too much, and scaler.step then divides them by the scale. Call "
-    "scaler.unscale_(optimizer) before clip_grad_norm_, so that max_norm applies to the true gradients.",
-    "no_clip": "clip the unscaled gradients: scaler.unscale_(optimizer), then "
-    "torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm), then scaler.step(optimizer).",
-    "twice": "dividing the gradients by scaler.get_scale() yourself leaves the scaler unaware: scaler.step "
-    "divides them again. scaler.unscale_(optimizer) unscales once and records it.",
-    "plain_step": "step with scaler.step(optimizer), not optimizer.step(): it skips the step when a gradient "
-    "overflowed (inf or NaN), instead of writing NaN into the weights.",
+    "clip_scaled": Hint(
+        "you clip the *scaled* gradients: their norm is the true norm times the scale, so clipping cuts them far "
+        "too much, and the scaler's step then divides them by the scale as well. Reread 'The loss scaler': at "
+        "which point of a step are the gradients the true ones?",
+        "call scaler.unscale_(optimizer) before clip_grad_norm_, so that max_norm applies to the true gradients "
+        "(scaler.step then does not divide again).",
+    ),
+    "no_clip": Hint(
+        "your step never clips: the true gradients must be clipped to a norm of at most max_norm.",
+        "scaler.unscale_(optimizer), then torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm), then "
+        "scaler.step(optimizer).",
+    ),
+    "twice": Hint(
+        "you divide the gradients by the scale yourself, and the scaler, which does not know it, divides them "
+        "again in its step: the gradients end up divided twice (reread 'The loss scaler').",
+        "scaler.unscale_(optimizer) unscales once and records it, so that scaler.step does not divide again.",
+    ),
+    "plain_step": Hint(
+        "your step writes NaN into the weights after an overflow: a step whose gradients hold inf or NaN must be "
+        "skipped, and only the scaler checks for that (reread 'The loss scaler').",
+        "step with scaler.step(optimizer), not optimizer.step().",
+    ),
 }
+_SCALED_STEP_HINT = Hint(
+    "follow the gradients through your step: which operations see them scaled, and which see the true ones? "
+    "Each operation needs one kind; reread 'The loss scaler'.",
+    "zero the gradients; the forward pass under autocast; scaler.scale(loss).backward(); "
+    "scaler.unscale_(optimizer); clip; scaler.step(optimizer); scaler.update().",
+)
 
 
-@checker
+_SCALED_STEP_STARTER = """\
+def scaled_step(model, optimizer, scaler, x, y, max_norm):  # find and fix the bug
+    optimizer.zero_grad()
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = model(x, y)[1]
+    scaler.scale(loss).backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)  # the gradient's norm <= max_norm
+    scaler.step(optimizer)  # divides the gradients by the scale; skips the step after an overflow
+    scaler.update()
+"""
+
+
+@checker(starter=_SCALED_STEP_STARTER)
 def check_scaled_step(c: Checker, scaled_step: Callable[..., Any]) -> None:
     """Check ``scaled_step(model, optimizer, scaler, x, y, max_norm)``: one training step of ``model`` (a ``GPT``)
     under ``torch.autocast`` in fp16 on the CPU, with the loss scaled by ``scaler`` (a ``torch.amp.GradScaler``),
@@ -299,8 +406,7 @@ def check_scaled_step(c: Checker, scaled_step: Callable[..., Any]) -> None:
             lambda s=init_scale, n=n_steps, m=max_norm: _run_steps(scaled_step, s, n, m),
             _run_steps(_scaled_step, init_scale, n_steps, max_norm),
             bugs=bug_table(_SCALED_STEP_BUGS, _steps_with_bug, init_scale, n_steps, max_norm),
-            hint="zero the gradients; the forward pass under autocast; scaler.scale(loss).backward(); "
-            "scaler.unscale_(optimizer); clip; scaler.step(optimizer); scaler.update().",
+            hint=_SCALED_STEP_HINT,
             error_hint=_scaler_error_hint,
             atol=1e-6,
         )
@@ -366,13 +472,33 @@ _SHARD_CASES = (  # (name, n_heads, world_size)
     ("6 heads over 3 processes, B=1", 6, 3),
 )
 _SHARD_BUGS = {  # bug -> hint, for _attention_shard(..., bug=bug)
-    "bias": "out_proj's bias belongs to the sum, not to each share: with it in every share, the all-reduce "
-    "adds it world_size times. Leave it out; it is added once after the sum.",
-    "no_mask": "this is causal self-attention: pass is_causal=True (or a causal mask) to the attention.",
-    "interleaved": "process r holds a contiguous block of heads, r * n_heads / world_size onwards, not every "
-    "world_size-th head (the sum is the same, but each process's weights are the wrong slices).",
-    "d_model": "each head scales its scores by 1/sqrt(d_head), the size of one head, not 1/sqrt(d_model).",
+    "bias": Hint(
+        "out_proj's bias belongs to the sum, not to each share: in every share, the all-reduce adds it "
+        "world_size times (reread the table of 'Attention, split by heads').",
+        "leave the bias out of the share; it is added once after the sum.",
+    ),
+    "no_mask": Hint(
+        "this is causal self-attention: a position must not attend to the later ones.",
+        "pass is_causal=True (or a causal mask) to the attention.",
+    ),
+    "interleaved": Hint(
+        "process r holds a contiguous block of heads, from r * n_heads / world_size on, not every world_size-th "
+        "head: the sum is the same, but each process's slices are the wrong weights.",
+        "heads = range(rank * n_heads // world_size, (rank + 1) * n_heads // world_size).",
+    ),
+    "d_model": Hint(
+        "each head scales its scores by the size of one head, not of the whole model (chapter 1's scaling).",
+        "scale by 1/sqrt(d_head), F.scaled_dot_product_attention's default, not 1/sqrt(d_model).",
+    ),
 }
+_SHARD_HINT = Hint(
+    "a process computes only its own heads, from the matching slices of the four projections, and returns a "
+    "partial output without the bias; reread 'Tensor parallelism by hand', where the feed-forward network is "
+    "split the same way (columns, then rows).",
+    "take the rows h * d_head ... (h + 1) * d_head - 1 of q_proj/k_proj/v_proj's weight and bias for each of your "
+    "heads h, attend causally within those heads, merge them, and multiply by the same columns of "
+    "out_proj.weight (out_proj.weight[:, features].T), without the bias.",
+)
 
 
 @checker
@@ -398,8 +524,6 @@ def check_attention_shard(
             lambda attn, x, w=world_size: _all_shards(attention_shard, attn, x, w),
             _all_shards(_attention_shard, attn, x, world_size),
             bugs=bug_table(_SHARD_BUGS, _shards_with_bug, attn, x, world_size),
-            hint="take the rows h * d_head ... (h + 1) * d_head - 1 of q_proj/k_proj/v_proj's weight and bias for each "
-            "of your heads h, attend causally within those heads, merge them, and multiply by the same columns of "
-            "out_proj.weight (out_proj.weight[:, features].T), without the bias.",
+            hint=_SHARD_HINT,
             inputs={"attn": attn, "x": x},
         )
