@@ -1,7 +1,8 @@
 """Chapter 7's checkers: the BPE encoder (spot the bug: merging like training), SwiGLU's width, the predicted
-size of a grouped-query KV cache and a hand-written grouped-query cache accept right answers and name the classic
-mistakes (the most frequent or leftmost pair instead of the earliest-learned merge, heads tiled with repeat,
-a causal mask aligned to the top left, the repeated keys cached)."""
+size of a grouped-query KV cache and a hand-written grouped-query cache accept right answers, call an untouched
+starter "not answered yet", and name the classic mistakes (the most frequent or leftmost pair instead of the
+earliest-learned merge, heads tiled with repeat, a causal mask aligned to the top left, the repeated keys cached):
+the concept by default, the fix in code only on request."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from transformer_lib.notebook.exercises import ch07_decoder_only
 
 
 def starter_encode(word, merges):
-    """The exercise's buggy starter: it merges the pair most frequent in the word, as training does."""
+    """The exercise's buggy starter, as a learner might retype it: it merges the pair most frequent in the word."""
     symbols = list(word)
     while True:
         counts = Counter(pair for pair in zip(symbols, symbols[1:], strict=False) if pair in merges)
@@ -83,8 +84,21 @@ def test_encode_word_reference_equals_the_library_tokenizer_on_real_words():
 def test_encode_word_names_the_starter_bug():
     result = ex.check_encode_word(starter_encode)
     assert not result.passed
-    assert "the rule of *training*" in result.text  # on the word where the most frequent pair is not the leftmost
-    assert "or the most frequent one (on this word they coincide)" in result.text  # on 'the'
+    assert result.text.count("the rule of *training*") == 1  # where the most frequent pair is not the leftmost
+    assert result.text.count("or the most frequent one (on this word they coincide)") == 1  # on 'the'
+    assert "Byte-pair encoding, by hand" in result.text and "rank.get" not in result.text  # no code of the fix
+    assert result.fixes == [ch07_decoder_only._ENCODE_RULE_FIX] and "min(counts, key=rank.get)" in result.fixes[0]
+
+
+def test_encode_word_calls_the_untouched_starter_not_answered_yet():
+    def cell(source):  # the function a notebook cell of source defines, with the chapter's import of Counter
+        namespace = {"Counter": Counter}
+        exec(compile(source, "<cell>", "exec", dont_inherit=True), namespace)
+        return namespace["encode_word"]
+
+    assert ex.check_encode_word(cell(ch07_decoder_only._ENCODE_STARTER)).status == "unanswered"
+    tried = ch07_decoder_only._ENCODE_STARTER.replace("max(counts, key=counts.get)", "min(counts, key=counts.get)")
+    assert ex.check_encode_word(cell(tried)).status == "failed"  # changed, still wrong: graded
 
 
 def test_encode_word_names_leftmost_merging_and_single_passes():
@@ -107,7 +121,7 @@ def test_encode_word_names_leftmost_merging_and_single_passes():
         return symbols
 
     first = ex.check_encode_word(leftmost)
-    assert not first.passed and "not the leftmost pair" in first.text, first.text
+    assert not first.passed and "the position in the word is not what decides" in first.text, first.text
     assert "the rule of *training*" not in first.text  # the bug of the starter is not blamed on it
     second = ex.check_encode_word(one_pass)
     assert not second.passed and "a merge applies to every occurrence" in second.text, second.text
@@ -135,9 +149,9 @@ def test_swiglu_hidden_matches_the_published_llama_widths():
 @pytest.mark.parametrize(
     "answer, words",
     [
-        (lambda d, m: int(8 * d / 3), "round the width up to a multiple"),
-        (lambda d, m: m * (int(8 * d / 3) // m), "round up (ceil), not down"),
-        (lambda d, m: m * round(int(8 * d / 3) / m), "round up (ceil), not down or to the nearest"),
+        (lambda d, m: int(8 * d / 3), "your width is not a multiple of multiple_of"),
+        (lambda d, m: m * (int(8 * d / 3) // m), "you round in the wrong direction"),
+        (lambda d, m: m * round(int(8 * d / 3) / m), "you round in the wrong direction"),
         (lambda d, m: 4 * d, "4 d_model is the GELU network's width"),
         (lambda d, m: float(llama_width(d, m)), "expected int"),
     ],
@@ -145,6 +159,7 @@ def test_swiglu_hidden_matches_the_published_llama_widths():
 def test_swiglu_hidden_names_the_mistake(answer, words):
     result = ex.check_swiglu_hidden(answer)
     assert not result.passed and words in result.text, result.text
+    assert "ceil" not in result.text and "int(2 * 4 * d_model / 3)" not in result.text  # the fix only on request
 
 
 # ---------------------------------------------------------------- the size of a grouped-query cache (a prediction)
@@ -178,17 +193,21 @@ def test_kv_cache_bytes_formula_equals_a_measured_library_cache():
     "prediction, words",
     [
         (4096, "that is the chapter's own cache"),
-        (2048, "you applied one of the two halvings, not both"),
-        (512, "a key AND a value"),
+        (2048, "you applied one of the exercise's two changes, not both"),
+        (512, "you count half of what a layer caches"),
         (8192, "that is bits"),
         (65536, "a full window of 64 tokens"),
-        (1000, "bytes per token = 2 (a key and a value) x n_layers x n_kv_heads x d_head"),
+        (1000, "a key and a value for each key/value head"),
     ],
 )
 def test_kv_cache_bytes_names_the_mistake(prediction, words):
     result = ex.check_kv_cache_bytes(prediction)
     assert not result.passed and "expected 1024 (within 0.5)" in result.text
     assert words in result.text, result.text
+    assert "2 bytes (bfloat16)" not in result.text and result.fixes == [
+        "bytes per token = 2 (a key and a value) x 4 layers x 2 key/value heads x 32 numbers x 2 bytes (bfloat16) "
+        "= 1024."
+    ]
 
 
 def test_kv_cache_bytes_unanswered_and_odd_values():
@@ -251,10 +270,10 @@ def test_gqa_step_accepts_right_answers(answer):
 @pytest.mark.parametrize(
     "bug, words, n_cases",
     [
-        (dict(tile=True), "use k.repeat_interleave(n_rep, dim=1)", 2),  # the two cases with 2 query heads per kv head
-        (dict(is_causal=True), "aligns the triangle to the top left", 4),
-        (dict(no_mask=True), "a prompt of several tokens needs the causal mask", 4),
-        (dict(no_cache=True), "the new tokens attend only to themselves", 4),
+        (dict(tile=True), "while yours alternates them", 1),  # failed in the 2 cases with 2 query heads per kv head
+        (dict(is_causal=True), "your causal triangle sits at the top left", 1),
+        (dict(no_mask=True), "a prompt of several tokens needs the causal mask", 1),
+        (dict(no_cache=True), "the new tokens attend only to themselves", 1),
         (dict(store=True), "not the 4 repeated ones", 1),
         (dict(store=True), "key/value head, not the 8 repeated ones", 1),  # multi-query: one head, singular
     ],
@@ -264,7 +283,9 @@ def test_gqa_step_accepts_right_answers(answer):
 def test_gqa_step_names_each_classic_bug(bug, words, n_cases):
     result = ex.check_gqa_step(lambda attn, x, cache: learner_gqa_step(attn, x, cache, **bug))
     assert not result.passed
-    assert result.text.count(words) == n_cases, result.text
+    assert result.text.count(words) == n_cases, result.text  # each concept once, however many cases failed
+    assert "repeat_interleave" not in result.text and "causal_mask(" not in result.text  # no code of the fix
+    assert result.fixes and "For the fix in code: check_gqa_step.hint()" in result.text
 
 
 def test_gqa_step_caching_the_repeated_keys_passes_the_outputs_but_not_the_cache():

@@ -17,9 +17,17 @@ from torch import Tensor
 
 from ...attention import KVCache, MultiHeadAttention
 from ...masks import causal_mask
-from ._framework import Bug, Checker, bug_table, checker
+from ._framework import Bug, Checker, Hint, bug_table, checker
 
 __all__ = ["check_encode_word", "check_swiglu_hidden", "check_kv_cache_bytes", "check_gqa_step"]
+
+ANSWER_MARKERS: dict[str, tuple[str, ...]] = {  # exercise label -> strings that would give its answer away
+    "ex-bpe-encode": ("rank.get", "key=rank", '["t", "he"]', "earliest-learned"),
+    "ex-swiglu-width": ("ceil(hidden", "10922", "0.8% more"),
+    "ex-kv-cost": ("1024", "1,024"),
+    "ex-gqa-cache": ("repeat_interleave", "enable_gqa"),
+    "ex-chat-cache": ("recompute the whole conversation", "only the new message", "invalidates"),
+}
 
 
 # --------------------------------------------------------------------------- BPE: encoding with learned merges
@@ -77,28 +85,64 @@ _ENCODE_CASES = (  # (name, word)
     ("'xyz': no merge applies", "xyz"),
     ("'a': a single symbol", "a"),
 )
+_ENCODE_RULE_FIX = (
+    "among the word's adjacent pairs that have a merge, take the one that comes earliest in merges: "
+    "rank = {pair: i for i, pair in enumerate(merges)}, then best = min(counts, key=rank.get)."
+)
 _ENCODE_BUGS = {  # bug -> hint, for _encode_word(..., bug=bug)
-    "count": "you merge the pair that is most frequent in the word: that is the rule of *training*. Encoding replays "
-    "the learned merges in the order they were learned: among the word's adjacent pairs that have a merge, "
-    "take the one that comes earliest in merges.",
-    "leftmost": "merge the pair with the lowest rank (learned first) among the word's adjacent pairs, not the leftmost "
-    "pair that has a merge.",
-    "once": "a merge applies to every occurrence of its pair, and a merged symbol can merge again: repeat "
-    "until no adjacent pair has a merge.",
+    "count": Hint(
+        "you merge the pair that is most frequent in the word: that is the rule of *training*, applied to one "
+        "word. Encoding must give the word the tokens that training would have given it: reread 'Byte-pair "
+        "encoding, by hand' for what the order of bpe.merges() records.",
+        _ENCODE_RULE_FIX,
+    ),
+    "leftmost": Hint(
+        "you merge the leftmost pair that has a merge: the position in the word is not what decides which merge "
+        "comes first (reread 'Byte-pair encoding, by hand').",
+        _ENCODE_RULE_FIX,
+    ),
+    "once": Hint(
+        "a merge applies to every occurrence of its pair, and a merged symbol can merge again: the loop goes on "
+        "until no adjacent pair has a merge.",
+        "while some adjacent pair is in merges: merge the earliest-learned one everywhere, left to right.",
+    ),
 }
 _COUNT_OR_LEFTMOST_BUGS = {  # for the words on which the two wrong rules agree
-    "leftmost": "you merge the leftmost pair that has a merge, or the most frequent one (on this word they "
-    "coincide): the rule is the order the merges were learned. Among the word's adjacent pairs "
-    "that have a merge, take the one that comes earliest in merges.",
+    "leftmost": Hint(
+        "you merge the leftmost pair that has a merge, or the most frequent one (on this word they coincide): "
+        "neither decides which merge comes first. Reread 'Byte-pair encoding, by hand' for what the order of "
+        "bpe.merges() records.",
+        _ENCODE_RULE_FIX,
+    ),
     "once": _ENCODE_BUGS["once"],
 }
-_ENCODE_HINT = (
-    "symbols = list(word); repeat: among the adjacent pairs that appear in merges, take the one with "
-    "the smallest index in merges, join all its occurrences left to right; stop when none is left."
+_ENCODE_HINT = Hint(
+    "encoding a word must give it the tokens that training would have produced: which merge did training make "
+    "first? Reread 'Byte-pair encoding, by hand'.",
+    "symbols = list(word); repeat: among the adjacent pairs that appear in merges, take the one with the smallest "
+    "index in merges, join all its occurrences left to right; stop when none is left.",
 )
 
 
-@checker
+_ENCODE_STARTER = """\
+def encode_word(word, merges):  # find and fix the bug
+    symbols = list(word)
+    while True:
+        counts = Counter(pair for pair in zip(symbols, symbols[1:]) if pair in merges)  # pairs that have a merge
+        if not counts:
+            return symbols
+        best = max(counts, key=counts.get)  # the pair to merge next
+        merged, i = [], 0
+        while i < len(symbols):
+            if tuple(symbols[i:i + 2]) == best:
+                merged.append(best[0] + best[1]); i += 2
+            else:
+                merged.append(symbols[i]); i += 1
+        symbols = merged
+"""
+
+
+@checker(starter=_ENCODE_STARTER)
 def check_encode_word(c: Checker, encode_word: Callable[[str, list[tuple[str, str]]], list[str]]) -> None:
     """Check ``encode_word(word, merges)``: a word's BPE tokens, merging the earliest-learned known pair first.
 
@@ -140,13 +184,28 @@ _SWIGLU_CASES = (  # (name, d_model, multiple_of)
     ("d_model 96, multiple_of 32", 96, 32),
 )
 _SWIGLU_BUGS = {  # bug -> hint, for _swiglu_hidden(..., bug=bug)
-    "no rounding": "round the width up to a multiple of multiple_of (fast matrix shapes): "
-    "multiple_of * ceil(hidden / multiple_of).",
-    "rounded down": "round up (ceil), not down or to the nearest: rounding down would leave fewer parameters "
-    "than the 4 d_model GELU network.",
-    "4 d_model": "4 d_model is the GELU network's width; SwiGLU has three matrices instead of two, so it "
-    "takes 2/3 of that to keep the parameter count.",
+    "no rounding": Hint(
+        "your width is not a multiple of multiple_of: LLaMA rounds it to one, so that the matrix shapes suit "
+        "the hardware.",
+        "multiple_of * math.ceil(hidden / multiple_of).",
+    ),
+    "rounded down": Hint(
+        "you round in the wrong direction: rounding down would leave fewer parameters than the 4 d_model GELU "
+        "network, and LLaMA 7B's 11008 is above two thirds of 4 x 4096.",
+        "math.ceil, not math.floor or round.",
+    ),
+    "4 d_model": Hint(
+        "4 d_model is the GELU network's width; SwiGLU has three matrices instead of two, so its width is "
+        "smaller, to keep the parameter count (reread 'The feed-forward variants: GELU and SwiGLU').",
+        "hidden = int(2 * 4 * d_model / 3), then round it up to a multiple of multiple_of.",
+    ),
 }
+_SWIGLU_HINT = Hint(
+    "three matrices of d_model x hidden hold as many parameters as two of d_model x 4 d_model when hidden is two "
+    "thirds of 4 d_model; LLaMA rounds that down to an integer, then up to a multiple of multiple_of. Reread 'The "
+    "feed-forward variants: GELU and SwiGLU'.",
+    "int(2 * 4 * d_model / 3), then multiple_of * math.ceil(hidden / multiple_of).",
+)
 
 
 @checker
@@ -158,8 +217,7 @@ def check_swiglu_hidden(c: Checker, swiglu_hidden: Callable[[int, int], int]) ->
             lambda d_model, multiple_of: swiglu_hidden(d_model, multiple_of),
             _swiglu_hidden(d_model, multiple_of),
             bugs=bug_table(_SWIGLU_BUGS, _swiglu_hidden, d_model, multiple_of),
-            hint="three matrices of d_model x hidden hold as many parameters as two of d_model x 4 d_model when "
-            "hidden = 2/3 * 4 d_model; LLaMA takes int() of that, then rounds up to a multiple of multiple_of.",
+            hint=_SWIGLU_HINT,
             inputs={"d_model": d_model, "multiple_of": multiple_of},
         )
 
@@ -186,6 +244,11 @@ def check_kv_cache_bytes(c: Checker, prediction: float) -> None:
     expected = kv_cache_bytes_per_token(**m, dtype=KV_DTYPE)
     full = kv_cache_bytes_per_token(m["n_layers"], m["n_heads"], m["d_model"], m["n_heads"], torch.float32)
     half = kv_cache_bytes_per_token(**m, dtype=torch.float32)
+    d_head = m["d_model"] // m["n_heads"]
+    fix = (
+        f"bytes per token = 2 (a key and a value) x {m['n_layers']} layers x {m['n_kv_heads']} key/value heads x "
+        f"{d_head} numbers x 2 bytes (bfloat16) = {expected}."
+    )
     c.case(
         "bytes per token",
         lambda: prediction,
@@ -193,30 +256,29 @@ def check_kv_cache_bytes(c: Checker, prediction: float) -> None:
         bugs=(
             Bug(
                 lambda: full,
-                "that is the chapter's own cache: 4 key/value heads in float32. Here only 2 heads keep keys and "
-                "values, and bfloat16 stores a number in 2 bytes instead of 4.",
+                Hint(
+                    "that is the chapter's own cache, every head in float32: the exercise changes two things, how "
+                    "many heads keep keys and values, and how many bytes a number takes.",
+                    fix,
+                ),
             ),
             Bug(
                 lambda: half,
-                "you applied one of the two halvings, not both: 2 of the 4 heads keep keys and values "
-                f"({m['n_kv_heads']} x {m['d_model'] // m['n_heads']} numbers per layer instead of {m['d_model']}), "
-                "and bfloat16 takes 2 bytes per number, not float32's 4.",
+                Hint(
+                    "you applied one of the exercise's two changes, not both: fewer key/value heads, and "
+                    "bfloat16 numbers.",
+                    fix,
+                ),
             ),
-            Bug(
-                lambda: expected // 2,
-                "a layer caches a key AND a value for each token: the factor 2.",
-            ),
-            Bug(
-                lambda: expected * 8,
-                "that is bits: a bfloat16 number takes 16 bits, 2 bytes.",
-            ),
-            Bug(
-                lambda: expected * 64,
-                "that is a full window of 64 tokens; the question is per token.",
-            ),
+            Bug(lambda: expected // 2, Hint("you count half of what a layer caches for each token.", fix)),
+            Bug(lambda: expected * 8, Hint("that is bits, not bytes.", fix)),
+            Bug(lambda: expected * 64, Hint("that is a full window of 64 tokens; the question is per token.", fix)),
         ),
-        hint="bytes per token = 2 (a key and a value) x n_layers x n_kv_heads x d_head x bytes per number, with "
-        "d_head = d_model / n_heads.",
+        hint=Hint(
+            "per token, each layer caches a key and a value for each key/value head, not for each query head, in "
+            "the cache's number format; reread 'The KV cache, by hand'.",
+            fix,
+        ),
         atol=0.5,
     )
 
@@ -250,34 +312,49 @@ def _gqa_step(
 
 
 _GQA_BUGS = {  # bug -> hint, for the outputs of _gqa_step(..., bug=bug)
-    "tiled": "query head h shares key/value head h // (n_heads // n_kv_heads): heads 0 and 1 read key/value "
-    "head 0. k.repeat(1, n_rep, 1, 1) (or expand + reshape in the wrong order) pairs head h with "
-    "h % n_kv_heads; use k.repeat_interleave(n_rep, dim=1).",
-    "top left": "with fewer new queries than keys, is_causal=True aligns the triangle to the top left and the "
-    "new tokens see only the first keys. Use causal_mask(T_new, T_past + T_new), aligned to the "
-    "bottom right.",
-    "no mask": "one new token may see every key, but a prompt of several tokens needs the causal mask: "
-    "without it, its early tokens see the later ones. Use causal_mask(T_new, T_past + T_new).",
-    "no cache": "the new tokens attend only to themselves: concatenate the cached keys and values in front of "
-    "the new ones (torch.cat([k_past, k_new], dim=2)) before attending.",
+    "tiled": Hint(
+        "your query heads read the wrong key/value heads: each key/value head serves consecutive query heads "
+        "(with 4 and 2, heads 0 and 1 read head 0), while yours alternates them (heads 0 and 2 read head 0).",
+        "k.repeat_interleave(n_rep, dim=1), not k.repeat(1, n_rep, 1, 1) (nor expand + reshape in the wrong "
+        "order), with n_rep = n_heads // n_kv_heads.",
+    ),
+    "top left": Hint(
+        "with fewer new queries than keys, your causal triangle sits at the top left: the new tokens see only "
+        "the first keys instead of every earlier one. Reread the mask in 'The KV cache, by hand'.",
+        "attn_mask=causal_mask(T_new, T_past + T_new), aligned to the bottom right, not is_causal=True.",
+    ),
+    "no mask": Hint(
+        "one new token may see every key, but a prompt of several tokens needs the causal mask: without it, its "
+        "early tokens see the later ones.",
+        "attn_mask=causal_mask(T_new, T_past + T_new).",
+    ),
+    "no cache": Hint(
+        "the new tokens attend only to themselves: the keys and values of the earlier positions, from the "
+        "cache, must come first.",
+        "torch.cat([k_past, k_new], dim=2) (and the same for v) before attending.",
+    ),
 }
-_GQA_HINT = (
-    "project q (n_heads heads) and k, v (n_kv_heads heads) with attn.split_heads; append k and v to "
-    "the cache; repeat_interleave them n_heads // n_kv_heads times along the heads for the attention; "
-    "causal_mask(T_new, T_past + T_new); merge the heads and apply attn.out_proj."
+_GQA_HINT = Hint(
+    "the new positions' queries have all n_heads heads; their keys and values, n_kv_heads heads, join the cache; "
+    "each query head attends, causally, to every key and value of its key/value head so far. Reread 'The KV "
+    "cache, by hand'.",
+    "project q (n_heads heads) and k, v (n_kv_heads heads) with attn.split_heads; append k and v to the cache; "
+    "repeat_interleave them n_heads // n_kv_heads times along the heads for the attention; "
+    "causal_mask(T_new, T_past + T_new); merge the heads and apply attn.out_proj.",
 )
-_GQA_CACHE_HINT = (
-    "return the cache as (k, v), each of shape (B, n_kv_heads, T_past + T_new, d_head): every key and "
-    "value so far, in order, before any repeat."
+_GQA_CACHE_HINT = Hint(
+    "the cache holds every key and value so far, in order, with the key/value heads only: each of shape "
+    "(B, n_kv_heads, T_past + T_new, d_head).",
+    "return (k, v) after the concatenation with the cache and before any repeat.",
 )
 
 
-def _cache_bugs(n_heads: int, n_kv_heads: int) -> dict[str, str]:
+def _cache_bugs(n_heads: int, n_kv_heads: int) -> dict[str, Hint]:
     """The bugs of the cache: the keys and values cached after being repeated, either way."""
-    hint = (
-        f"the cache must hold the {n_kv_heads} key/value head{'s' * (n_kv_heads > 1)}, not the "
-        f"{n_heads} repeated ones: that is what grouped-query attention saves ({n_heads // n_kv_heads} times less "
-        "memory). Append k and v to the cache first, and repeat them only for the attention."
+    hint = Hint(
+        f"the cache must hold the {n_kv_heads} key/value head{'s' * (n_kv_heads > 1)}, not the {n_heads} repeated "
+        f"ones: that is what grouped-query attention saves ({n_heads // n_kv_heads} times less memory).",
+        "append k and v to the cache first, and repeat them only for the attention.",
     )
     return {"cache repeated": hint, "cache tiled": hint}
 
