@@ -1,8 +1,9 @@
-"""Chapter 9's checkers: the predicted size of a long batch's KV cache (compared with caches measured on the meta
+"""Chapter 9's checkers: the predicted size of a padded batch's KV cache (compared with caches measured on the meta
 device), int8 quantization per group, the soft term of a distillation loss and the verify step of speculative
-decoding accept right answers and name the classic mistakes (one scale per row, truncation instead of rounding,
-dividing by 128, F.kl_div's default reduction, KL the wrong way round, counting agreements after the first
-disagreement)."""
+decoding accept right answers, call an untouched starter "not answered yet", and name the classic mistakes (the
+real tokens counted without the padding, one scale per row, truncation instead of rounding, dividing by 128,
+F.kl_div's default reduction, KL the wrong way round, counting agreements after the first disagreement): the
+concept by default, the fix in code only on request."""
 
 from __future__ import annotations
 
@@ -17,13 +18,14 @@ from transformer_lib.notebook import exercises as ex
 from transformer_lib.notebook.exercises import ch09_inference_and_deployment as ch09
 from transformer_lib.quantization import dequantize, quantize_per_channel
 
-# ---------------------------------------------------------------- the KV cache of a long batch (a prediction)
+# ---------------------------------------------------------------- the KV cache of a padded batch (a prediction)
 
 
 def measured_long_cache_gib() -> float:
     """The setup's caches, measured: one grouped-query attention layer on the meta device (shapes, no memory) fed
-    the whole batch, its cache weighed, times the number of layers."""
+    the whole batch, padded to its longest prompt, its cache weighed, times the number of layers."""
     s = ch09.LONG_CACHE_SETUP
+    assert s["n_tokens"] == max(ch09.LONG_CACHE_PROMPTS) and s["batch"] == len(ch09.LONG_CACHE_PROMPTS)
     d_model = s["n_heads"] * s["d_head"]
     with torch.device("meta"):
         attn = MultiHeadAttention(d_model, s["n_heads"], n_kv_heads=s["n_kv_heads"], bias=False).to(torch.bfloat16)
@@ -46,20 +48,27 @@ def test_long_cache_formula_equals_a_measured_cache():
 @pytest.mark.parametrize(
     "prediction, words",
     [
-        (64, "all 32 heads keeping keys and values"),
+        (6.75, "that is the cache of the real tokens alone"),  # 55,296 tokens x 128 KiB: the padding forgotten
+        (64, "every query head keeping keys and values"),
         (32, "a bfloat16 number takes 2 bytes"),
         (4, "that is one sequence"),
-        (8, "a key AND a value"),
+        (8, "you count half of what a layer caches"),
         (17.18, "that is in GB"),
         (0.5, "that is one layer"),
-        (2, "that is for 4,096 tokens"),
-        (15, "bytes = 2 (a key and a value) x n_layers x n_kv_heads"),
+        (2, "that is for 4,096 positions"),
+        (15, "then count the positions that the batch's cache tensor holds"),
     ],
 )
 def test_long_cache_names_the_mistake(prediction, words):
     result = ex.check_kv_cache_gib(prediction)
     assert not result.passed and "expected 16 (within 0.05)" in result.text
     assert words in result.text, result.text
+    assert "padding included" not in result.text and any("padding included: 16 GiB" in f for f in result.fixes)
+
+
+def test_the_real_tokens_of_the_padded_batch_fill_less_than_half_of_its_cache():
+    real = ch09.kv_cache_gib(**{**ch09.LONG_CACHE_SETUP, "n_tokens": sum(ch09.LONG_CACHE_PROMPTS), "batch": 1})
+    assert real == 6.75 and ch09.kv_cache_gib(**ch09.LONG_CACHE_SETUP) - real == 9.25  # the solution's numbers
 
 
 def test_long_cache_unanswered_and_odd_values():
@@ -164,18 +173,19 @@ def along_columns(weight, group_size):
 @pytest.mark.parametrize(
     "answer, words, n_cases",
     [
-        (truncating, "round before casting: .to(torch.int8) truncates towards zero", 4),
-        (by_128, "divide the largest magnitude by 127, not 128", 4),
-        (by_128_clamped, "divide the largest magnitude by 127, not 128", 4),
-        (per_row_repeated, "that is one scale per row (per-channel quantization)", 3),
+        (truncating, "the cast to int8 truncates towards zero", 4),
+        (by_128, "the largest weight of each group lands on 128", 4),
+        (by_128_clamped, "the largest weight of each group lands on 128", 4),
+        (per_row_repeated, "that is one scale per row (the chapter's per-channel quantization)", 3),
         (along_columns, "a group is group_size consecutive weights of one ROW", 1),
     ],
     ids=["truncation", "128", "128 clamped", "one scale per row", "groups along a column"],
 )
 def test_group_quantization_names_each_classic_bug(answer, words, n_cases):
     result = ex.check_quantize_per_group(answer)
-    assert not result.passed
-    assert result.text.count(words) == n_cases, result.text
+    assert not result.passed and result.text.count("❌") >= n_cases, result.text  # (groups along a column raise)
+    assert result.text.count(words) == 1, result.text  # the concept once, however many cases failed
+    assert "torch.round" not in result.text and "/ 127" not in result.text and result.fixes  # the fix on request
 
 
 def test_group_quantization_without_the_zero_guard_fails_or_names_it():
@@ -188,7 +198,7 @@ def test_group_quantization_without_the_zero_guard_fails_or_names_it():
 
     result = ex.check_quantize_per_group(unguarded)
     if not result.passed:
-        assert "a group of zeros has scale 0" in result.text, result.text
+        assert "a group of zeros has a scale of 0" in result.text, result.text
 
 
 def test_group_quantization_wants_int8_and_the_right_scale_shape():
@@ -203,8 +213,15 @@ def test_group_quantization_wants_int8_and_the_right_scale_shape():
 # ---------------------------------------------------------------- the soft term of distillation (spot the bug)
 
 
+def cell(source: str):
+    """The function that a notebook cell of ``source`` defines, run with the chapter's imports (torch, F)."""
+    namespace = {"torch": torch, "F": F}
+    exec(compile(source, "<cell>", "exec", dont_inherit=True), namespace)
+    return next(v for k, v in namespace.items() if k not in ("torch", "F", "__builtins__"))
+
+
 def starter_soft_loss(student_logits, teacher_logits, T):
-    """The exercise's starter: F.kl_div with its default reduction."""
+    """The exercise's starter, changed only by this docstring: F.kl_div with its default reduction."""
     log_p_student = F.log_softmax(student_logits / T, dim=-1)
     p_teacher = F.softmax(teacher_logits / T, dim=-1)
     return F.kl_div(log_p_student, p_teacher) * T**2
@@ -237,8 +254,9 @@ def test_soft_loss_accepts_right_answers(answer):
 def test_soft_loss_names_the_starter_bug():
     with pytest.warns(UserWarning, match="batchmean"):  # PyTorch's own warning about reduction="mean"
         result = ex.check_soft_loss(starter_soft_loss)
-    assert not result.passed
-    assert result.text.count("F.kl_div's default reduction='mean'") == 3, result.text
+    assert not result.passed and result.text.count("❌") == 3
+    assert result.text.count("your loss is smaller than T² times the KL by a constant factor") == 1, result.text
+    assert "batchmean" not in result.text and result.fixes == [ch09._SOFT_LOSS_BUGS["mean"].fix]
     # the factor the exercise asks about: vocab_size
     s, t = torch.randn(5, 78), torch.randn(5, 78)
     with pytest.warns(UserWarning):
@@ -246,32 +264,40 @@ def test_soft_loss_names_the_starter_bug():
     assert abs(ratio.item() - 78) < 1e-3
 
 
+def test_soft_loss_calls_the_untouched_starter_not_answered_yet():
+    assert ex.check_soft_loss(cell(ch09._SOFT_LOSS_STARTER)).status == "unanswered"
+    with pytest.warns(UserWarning):
+        tried = ex.check_soft_loss(cell(ch09._SOFT_LOSS_STARTER.replace("* T**2", "* T**2.0")))
+    assert tried.status == "failed"  # changed, still wrong: graded
+
+
 @pytest.mark.parametrize(
     "answer, words, n_cases",
     [
         (
             lambda s, t, T: F.kl_div(F.log_softmax(s / T, -1), F.softmax(t / T, -1), reduction="sum") * T**2,
-            "reduction='sum' adds the KL of every position",
+            "your loss adds the KL of every position",
             3,
         ),
         (lambda s, t, T: fixed_soft_loss(t, s, T), "that is KL(student || teacher)", 3),
-        (lambda s, t, T: fixed_soft_loss(s, t, T) / T**2, "multiply by T**2: the softened KL's gradients shrink", 2),
-        (lambda s, t, T: fixed_soft_loss(s, t, T) / T, "multiply by T**2, not T.", 2),
+        (lambda s, t, T: fixed_soft_loss(s, t, T) / T**2, "the softened KL's gradients shrink like 1 / T²", 2),
+        (lambda s, t, T: fixed_soft_loss(s, t, T) / T, "the factor that restores the gradients' size is T², not T", 2),
     ],
     ids=["sum", "swapped", "no T^2", "T"],
 )
 def test_soft_loss_names_each_classic_bug(answer, words, n_cases):
     result = ex.check_soft_loss(answer)
-    assert not result.passed
-    assert result.text.count(words) == n_cases, result.text  # at T = 1 the T and T^2 bugs are right answers
+    assert not result.passed and result.text.count("❌") == n_cases  # at T = 1 the T and T^2 bugs are right answers
+    assert result.text.count(words) == 1, result.text
+    assert "T**2" not in result.text and "batchmean" not in result.text and result.fixes
 
 
 # ---------------------------------------------------------------- the verify step of speculative decoding
 
 
-def starter_accepted_tokens(proposals, choices):
+def starter_accepted_tokens(proposals, choices):  # the starter's bug, retyped: the agreements summed anywhere
     agree = proposals == choices[:-1]
-    n_accepted = int(agree.sum())
+    n_accepted = int(torch.sum(agree))
     return torch.cat([proposals[:n_accepted], choices[n_accepted : n_accepted + 1]])
 
 
@@ -297,8 +323,15 @@ def test_accepted_tokens_accepts_right_answers(answer):
 
 def test_accepted_tokens_names_the_starter_bug():
     result = ex.check_accepted_tokens(starter_accepted_tokens)
-    assert not result.passed
-    assert result.text.count("you count every agreeing proposal") == 4, result.text  # the cases with a later match
+    assert not result.passed and result.text.count("❌") == 4  # the cases with a match after a mismatch
+    assert result.text.count("you keep every agreeing proposal") == 1, result.text
+    assert "cumprod" not in result.text and result.fixes == [ch09._ACCEPTED_BUGS["count"].fix]
+
+
+def test_accepted_tokens_calls_the_untouched_starter_not_answered_yet():
+    assert ex.check_accepted_tokens(cell(ch09._ACCEPTED_STARTER)).status == "unanswered"
+    tried = ch09._ACCEPTED_STARTER.replace("int(agree.sum())", "int(agree.sum()) if agree.any() else 0")
+    assert ex.check_accepted_tokens(cell(tried)).status == "failed"
 
 
 def draft_token_at_the_mismatch(proposals, choices):
@@ -309,7 +342,7 @@ def draft_token_at_the_mismatch(proposals, choices):
 @pytest.mark.parametrize(
     "answer, words, n_cases",
     [
-        (lambda p, c: fixed_accepted_tokens(p, c)[:-1], "append the target's own choice", 4),
+        (lambda p, c: fixed_accepted_tokens(p, c)[:-1], "every round yields at least one token", 4),
         (lambda p, c: fixed_accepted_tokens(p, c)[:-1], "comes for free", 2),  # all agree: the bonus is missing
         (draft_token_at_the_mismatch, "not the draft's rejected proposal", 4),
         (lambda p, c: fixed_accepted_tokens(p, c)[: len(p)], "comes for free", 2),
@@ -318,8 +351,9 @@ def draft_token_at_the_mismatch(proposals, choices):
 )
 def test_accepted_tokens_names_each_classic_bug(answer, words, n_cases):
     result = ex.check_accepted_tokens(answer)
-    assert not result.passed
-    assert result.text.count(words) == n_cases, result.text
+    assert not result.passed and result.text.count("❌") >= n_cases
+    assert result.text.count(words) == 1, result.text  # the concept once
+    assert "choices[" not in result.text and result.fixes  # the fix in code on request
 
 
 def speculative_with(verify, target: GPT, draft: GPT, idx: torch.Tensor, n_new: int, k: int) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""Chapter 9, inference and deployment: the KV cache of a long batch, int8 weights per group, the soft term
+"""Chapter 9, inference and deployment: the KV cache of a padded batch, int8 weights per group, the soft term
 of a distillation loss, and the verify step of speculative decoding.
 
 ``check_kv_cache_gib`` (a prediction), ``check_quantize_per_group``, ``check_soft_loss``, ``check_accepted_tokens``.
@@ -13,17 +13,28 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ...quantization import QMAX
-from ._framework import Bug, Checker, bug_table, checker
+from ._framework import Bug, Checker, Hint, bug_table, checker
 
 __all__ = ["check_kv_cache_gib", "check_quantize_per_group", "check_soft_loss", "check_accepted_tokens"]
 
 
-# --------------------------------------------------------------------------- the KV cache of a long batch
+ANSWER_MARKERS: dict[str, tuple[str, ...]] = {  # exercise label -> strings that would give its answer away
+    "ex-long-cache": ("16 gib", "9.25 gib", "padding positions"),
+    "ex-group-int8": ("// group_size, group_size", "amax(dim=-1) / 127"),
+    "ex-soft-loss": ("batchmean",),
+    "ex-accept": ("cumprod", "agreeing prefix"),
+    "ex-weight-only": ("bandwidth", "1 + 4 + 4 = 9"),
+}
+
+
+# --------------------------------------------------------------------------- the KV cache of a padded batch
 
 
 LONG_CACHE_SETUP = dict(n_layers=32, n_heads=32, n_kv_heads=8, d_head=128, bytes_per_number=2, n_tokens=32768, batch=4)
 """The prediction's server: a LLaMA-3-8B-shaped model (grouped-query attention, 8 key/value heads), a bfloat16
-cache, 4 sequences of 32,768 tokens."""
+cache, a batch of 4 prompts padded to the longest, 32,768 tokens."""
+LONG_CACHE_PROMPTS = (32768, 16384, 4096, 2048)
+"""The lengths of the batch's 4 prompts: the shorter ones are padded to the longest."""
 
 GIB = 2**30
 
@@ -38,47 +49,63 @@ def kv_cache_gib(
 
 @checker(answer="value")
 def check_kv_cache_gib(c: Checker, prediction: float) -> None:
-    """Check ``prediction``: the GiB (2**30 bytes) of the bfloat16 KV caches of 4 sequences of 32,768 tokens for a
-    model of 32 layers with 32 query heads of 128 dimensions and 8 key/value heads."""
+    """Check ``prediction``: the GiB (2**30 bytes) of the bfloat16 KV caches of a batch of 4 prompts of 32,768,
+    16,384, 4,096 and 2,048 tokens, padded to the longest, for a model of 32 layers with 32 query heads of 128
+    dimensions and 8 key/value heads."""
     s = LONG_CACHE_SETUP
     expected = kv_cache_gib(**s)
+    fix = (
+        "2 (a key and a value) x 32 layers x 8 key/value heads x 128 x 2 bytes = 128 KiB per position; the "
+        "batch's cache holds 4 x 32,768 positions, padding included: 16 GiB."
+    )
     c.case(
         "GiB of the caches",
         lambda: prediction,
         float(expected),
         bugs=(
             Bug(
+                lambda: kv_cache_gib(**{**s, "n_tokens": sum(LONG_CACHE_PROMPTS), "batch": 1}),
+                Hint(
+                    "that is the cache of the real tokens alone. But the 4 prompts are served as one batch, "
+                    "padded to the longest (chapter 2): which positions does the batch's cache tensor hold?",
+                    fix,
+                ),
+            ),
+            Bug(
                 lambda: kv_cache_gib(**{**s, "n_kv_heads": s["n_heads"]}),
-                "that is the cache with all 32 heads keeping keys and values. With grouped-query attention only the "
-                "8 key/value heads are cached: each is shared by 4 query heads.",
+                Hint(
+                    "that is the cache with every query head keeping keys and values; with grouped-query "
+                    "attention only the key/value heads are cached (reread 'Fewer key/value heads').",
+                    fix,
+                ),
             ),
             Bug(
                 lambda: kv_cache_gib(**{**s, "bytes_per_number": 4}),
-                "a bfloat16 number takes 2 bytes, not 4 (or: did you count all 32 heads and forget the factor 2?).",
+                Hint(
+                    "a bfloat16 number takes 2 bytes, not 4 (or: did you count all 32 heads and forget the factor 2?).",
+                    fix,
+                ),
             ),
             Bug(
                 lambda: kv_cache_gib(**{**s, "batch": 1}),
-                "that is one sequence: each of the 4 sequences of the batch has its own cache.",
+                Hint("that is one sequence: each of the 4 sequences of the batch has its own cache.", fix),
             ),
-            Bug(
-                lambda: expected / 2,
-                "a layer caches a key AND a value for every token: the factor 2.",
-            ),
+            Bug(lambda: expected / 2, Hint("you count half of what a layer caches for each position.", fix)),
             Bug(
                 lambda: expected * GIB / 1e9,
-                "that is in GB (10^9 bytes); a GiB is 2^30 = 1,073,741,824 bytes.",
+                Hint("that is in GB (10^9 bytes); a GiB is 2^30 = 1,073,741,824 bytes.", fix),
             ),
-            Bug(
-                lambda: expected / s["n_layers"],
-                "that is one layer: each of the 32 layers caches its own keys and values.",
-            ),
+            Bug(lambda: expected / s["n_layers"], Hint("that is one layer: each layer caches its own.", fix)),
             Bug(
                 lambda: kv_cache_gib(**{**s, "n_tokens": 4096}),
-                "that is for 4,096 tokens per sequence; here each holds 32,768.",
+                Hint("that is for 4,096 positions per sequence; the batch is longer.", fix),
             ),
         ),
-        hint="bytes = 2 (a key and a value) x n_layers x n_kv_heads x d_head x 2 bytes (bfloat16) x tokens x "
-        "sequences; divide by 2^30 for GiB.",
+        hint=Hint(
+            "per position, every layer caches a key and a value for each key/value head; reread the formula of "
+            "'The KV cache at scale', then count the positions that the batch's cache tensor holds.",
+            fix,
+        ),
         atol=0.05,
     )
 
@@ -140,23 +167,44 @@ def _group_weights() -> list[tuple[str, Tensor, int]]:
 
 
 _QUANTIZE_BUGS = {  # bug -> hint, for _quantize_per_group(..., bug=bug)
-    "truncate": "round before casting: .to(torch.int8) truncates towards zero, so 2.9 becomes 2 and a weight can be "
-    "off by almost a whole step instead of at most half a step. Use torch.round(w / scale) first.",
-    "128": "int8's symmetric range is [-127, 127]: divide the largest magnitude by 127, not 128. With 128 the "
-    "largest weight of each group rounds to 128, which int8 cannot hold.",
-    "128 wrap": "int8's symmetric range is [-127, 127]: divide the largest magnitude by 127, not 128. With 128 the "
-    "largest weight of each group rounds to 128, which int8 cannot hold: the cast wraps it to -128.",
-    "row": "that is one scale per row (per-channel quantization), repeated for each group: take the largest "
-    "magnitude of each group of group_size weights separately.",
-    "zero": "a group of zeros has scale 0, and 0 / 0 is NaN (which no int8 can hold): divide by "
-    "torch.where(scale > 0, scale, 1) so that the group's q is 0.",
-    "columns": "a group is group_size consecutive weights of one ROW (one output channel, along the input "
-    "features), not of a column: reshape to (out_features, in_features // group_size, group_size).",
+    "truncate": Hint(
+        "your integers are off by up to a whole step: the cast to int8 truncates towards zero, where the "
+        "nearest point of the grid is wanted (reread 'Quantization: int8 weights').",
+        "torch.round(w / scale) before .to(torch.int8).",
+    ),
+    "128": Hint(
+        "int8's symmetric range is [-127, 127]: with your step, the largest weight of each group lands on 128, "
+        "which int8 cannot hold.",
+        "scale = the group's largest |w| / 127, not / 128.",
+    ),
+    "128 wrap": Hint(
+        "int8's symmetric range is [-127, 127]: with your step, the largest weight of each group lands on 128, "
+        "which int8 cannot hold, and the cast wraps it to -128.",
+        "scale = the group's largest |w| / 127, not / 128.",
+    ),
+    "row": Hint(
+        "that is one scale per row (the chapter's per-channel quantization), repeated for each group: each group "
+        "of group_size weights needs the largest magnitude of its own weights.",
+        "reshape to (out_features, in_features // group_size, group_size) and take the largest |w| over the "
+        "last dimension.",
+    ),
+    "zero": Hint(
+        "a group of zeros has a scale of 0, and 0 / 0 is NaN, which no int8 can hold: such a group's q must be 0.",
+        "divide by torch.where(scale > 0, scale, 1) so that the group's q is 0.",
+    ),
+    "columns": Hint(
+        "a group is group_size consecutive weights of one ROW (one output channel, along the input features), "
+        "not of a column.",
+        "reshape to (out_features, in_features // group_size, group_size).",
+    ),
 }
-_QUANTIZE_HINT = (
-    "reshape the weight to (out_features, in_features // group_size, group_size): scale = the largest |w| of "
-    "each group / 127, shape (out_features, n_groups); q = round(w / scale), clamped to [-127, 127] and cast "
-    "to int8 (where scale is 0, divide by 1 instead); reshape q back to the weight's shape."
+_QUANTIZE_HINT = Hint(
+    "each group of group_size consecutive weights of a row is quantized as the chapter quantizes a row: its own "
+    "scale from its own largest magnitude, then each weight rounded to the nearest step. Reread 'Quantization: "
+    "int8 weights'.",
+    "reshape the weight to (out_features, in_features // group_size, group_size): scale = the largest |w| of each "
+    "group / 127, shape (out_features, n_groups); q = round(w / scale), clamped to [-127, 127] and cast to int8 "
+    "(where scale is 0, divide by 1 instead); reshape q back to the weight's shape.",
 )
 
 
@@ -183,7 +231,10 @@ def check_quantize_per_group(c: Checker, quantize_per_group: Callable[[Tensor, i
         "q is stored in int8 (1 byte per weight)",
         lambda weight, group_size: str(quantize_per_group(weight, group_size)[0].dtype),
         str(torch.int8),
-        hint="cast the rounded integers with .to(torch.int8): an int64 or float tensor takes 8 or 4 bytes per weight.",
+        hint=Hint(
+            "q must take one byte per weight: an int64 or float tensor takes 8 or 4.",
+            "cast the rounded integers with .to(torch.int8).",
+        ),
         inputs={"weight": weight, "group_size": group_size},
     )
 
@@ -220,18 +271,45 @@ _SOFT_LOSS_CASES = (  # (name, N positions, vocab_size, T)
     ("N=4, vocabulary 50, T=4", 4, 50, 4.0),
 )
 _SOFT_LOSS_BUGS = {  # bug -> hint, for _soft_loss(..., bug=bug)
-    "mean": "F.kl_div's default reduction='mean' divides by every entry of the (N, vocab_size) tensor, N x "
-    "vocab_size, not by N: the loss is vocab_size times too small. Pass reduction='batchmean'.",
-    "sum": "reduction='sum' adds the KL of every position: divide by the number of positions "
-    "(reduction='batchmean'), so that the loss does not grow with the batch.",
-    "swapped": "that is KL(student || teacher): F.kl_div(input, target) takes the student's log-probabilities "
-    "as input and the teacher's probabilities as target, and computes KL(target || input's distribution).",
-    "no T2": "multiply by T**2: the softened KL's gradients shrink like 1 / T**2, and T**2 restores their size.",
-    "T": "multiply by T**2, not T.",
+    "mean": Hint(
+        "your loss is smaller than T² times the KL by a constant factor: the KL of a position is a sum over the "
+        "vocabulary, then averaged over the positions (the formula of 'Distillation: a student taught by the "
+        "target'). What does F.kl_div's reduction divide by?",
+        "F.kl_div's default reduction='mean' divides by every entry of the (N, vocab_size) tensor: pass "
+        "reduction='batchmean', the sum divided by N.",
+    ),
+    "sum": Hint(
+        "your loss adds the KL of every position, so it grows with the number of positions: it must be their mean.",
+        "reduction='batchmean' (the sum divided by N), not 'sum'.",
+    ),
+    "swapped": Hint(
+        "that is KL(student || teacher), the divergence the wrong way round: the chapter's soft term is "
+        "KL(teacher || student).",
+        "F.kl_div(input, target) computes KL(target || input): pass the student's log-probabilities as input and "
+        "the teacher's probabilities as target.",
+    ),
+    "no T2": Hint(
+        "the softened KL's gradients shrink like 1 / T², and the chapter's loss restores their size (reread "
+        "'Distillation: a student taught by the target').",
+        "multiply the KL by T**2.",
+    ),
+    "T": Hint("the factor that restores the gradients' size is T², not T.", "multiply by T**2, not T."),
 }
+_SOFT_LOSS_STARTER = """\
+def soft_loss(student_logits, teacher_logits, T):  # find and fix the bug
+    log_p_student = F.log_softmax(student_logits / T, dim=-1)  # (N, vocab_size)
+    p_teacher = F.softmax(teacher_logits / T, dim=-1)
+    return F.kl_div(log_p_student, p_teacher) * T**2
+"""
+_SOFT_LOSS_HINT = Hint(
+    "the soft term is T² times KL(teacher || student) of the two softened distributions, summed over the "
+    "vocabulary and averaged over the positions; compare yours with the chapter's kl, computed by hand.",
+    "log_p_student = log_softmax(student / T), p_teacher = softmax(teacher / T); "
+    "F.kl_div(log_p_student, p_teacher, reduction='batchmean') * T**2.",
+)
 
 
-@checker
+@checker(starter=_SOFT_LOSS_STARTER)
 def check_soft_loss(c: Checker, soft_loss: Callable[[Tensor, Tensor, float], Tensor]) -> None:
     """Check ``soft_loss(student_logits, teacher_logits, T)``: the soft term of the distillation loss,
     ``T**2 * KL(softmax(teacher / T) || softmax(student / T))``, the KL summed over the vocabulary and averaged over
@@ -248,8 +326,7 @@ def check_soft_loss(c: Checker, soft_loss: Callable[[Tensor, Tensor, float], Ten
             lambda student_logits, teacher_logits, T: soft_loss(student_logits, teacher_logits, T),
             _soft_loss(student, teacher, T),
             bugs=bug_table(_SOFT_LOSS_BUGS, _soft_loss, student, teacher, T),
-            hint="log_p_student = log_softmax(student / T), p_teacher = softmax(teacher / T); "
-            "F.kl_div(log_p_student, p_teacher, reduction='batchmean') * T**2.",
+            hint=_SOFT_LOSS_HINT,
             inputs={"student_logits": student, "teacher_logits": teacher, "T": T},
         )
 
@@ -284,19 +361,42 @@ _ACCEPTED_CASES = (  # (name, proposals, choices)
     ("k = 6: three agree, one differs, one agrees, one differs", [1, 2, 3, 9, 5, 9], [1, 2, 3, 4, 5, 6, 7]),
 )
 _ACCEPTED_BUGS = {  # bug -> hint, for _accepted_tokens(..., bug=bug)
-    "count": "you count every agreeing proposal, also those after the first disagreement: a proposal after a "
-    "rejected one was checked against a context the output does not have. Count the agreeing "
-    "PREFIX: agree.long().cumprod(0).sum().",
-    "no bonus": "when all k proposals agree, the target's choice after the last one, choices[k], comes for free: "
-    "append it too (k + 1 tokens from one target pass).",
-    "draft extra": "at the first disagreement the token is the TARGET's choice, choices[n], not the draft's "
-    "rejected proposal.",
-    "no extra": "append the target's own choice after the accepted proposals (at the first disagreement, or the "
-    "bonus token after the last proposal): every round yields at least one token.",
+    "count": Hint(
+        "you keep every agreeing proposal, also those after the first disagreement: a proposal after a rejected "
+        "one was checked against a context the output does not have. Reread 'Speculative decoding': up to where "
+        "are proposals accepted?",
+        "count the agreeing prefix: agree.long().cumprod(0).sum().",
+    ),
+    "no bonus": Hint(
+        "when all k proposals agree, the target's choice after the last one comes for free: the round yields "
+        "k + 1 tokens.",
+        "append choices[k] too.",
+    ),
+    "draft extra": Hint(
+        "at the first disagreement the token is the target's choice, not the draft's rejected proposal.",
+        "append choices[n], not proposals[n].",
+    ),
+    "no extra": Hint(
+        "every round yields at least one token: the target's own choice after the accepted proposals (at the "
+        "first disagreement, or after the last proposal).",
+        "append choices[n] after proposals[:n] (choices[:n + 1] in all).",
+    ),
 }
+_ACCEPTED_STARTER = """\
+def accepted_tokens(proposals, choices):  # find and fix the bug
+    agree = proposals == choices[:-1]  # (k,): did the draft guess the target's token?
+    n_accepted = int(agree.sum())
+    return torch.cat([proposals[:n_accepted], choices[n_accepted:n_accepted + 1]])
+"""
+_ACCEPTED_HINT = Hint(
+    "a round appends the proposals up to the first disagreement, then the target's own choice at that position; "
+    "compare with the hand-written rounds of 'Speculative decoding'.",
+    "n = the number of leading proposals equal to the target's choices; return proposals[:n] followed by "
+    "choices[n] (equivalently choices[:n + 1]).",
+)
 
 
-@checker
+@checker(starter=_ACCEPTED_STARTER)
 def check_accepted_tokens(c: Checker, accepted_tokens: Callable[[Tensor, Tensor], Tensor]) -> None:
     """Check ``accepted_tokens(proposals, choices)``: the verify step of greedy speculative decoding. ``proposals``
     holds the draft's k tokens, ``choices`` the target's k + 1 greedy tokens (after the context and after each
@@ -312,7 +412,6 @@ def check_accepted_tokens(c: Checker, accepted_tokens: Callable[[Tensor, Tensor]
             lambda proposals, choices: accepted_tokens(proposals, choices),
             _accepted_tokens(p, t),
             bugs=bug_table(_ACCEPTED_BUGS, _accepted_tokens, p, t),
-            hint="n = the number of leading proposals equal to the target's choices; return proposals[:n] followed "
-            "by choices[n] (equivalently choices[:n + 1]).",
+            hint=_ACCEPTED_HINT,
             inputs={"proposals": p, "choices": t},
         )
