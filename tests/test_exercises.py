@@ -78,7 +78,7 @@ def alibi_by_hand(n_heads: int, T_q: int, T_k: int) -> torch.Tensor:
     power of two <= n_heads, the slopes 2^(-8 h / n'), h = 1 .. n', then 2^(-4 m / n'), m = 1, 3, 5, ..."""
     n = 2 ** math.floor(math.log2(n_heads))
     slopes = torch.cat(
-        [2.0 ** (-8 * torch.arange(1, n + 1) / n), 2.0 ** (-4 * torch.arange(1, 2 * (n_heads - n), 2) / n)]
+        [2.0 ** (-8 * torch.arange(1, n + 1) / n), 2.0 ** (-4 * (2 * torch.arange(n_heads - n) + 1) / n)]
     )
     distance = torch.arange(T_k - T_q, T_k)[:, None] - torch.arange(T_k)  # (T_q, T_k)
     return -slopes[:, None, None] * distance

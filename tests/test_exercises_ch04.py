@@ -1,6 +1,7 @@
 """Chapter 4's checkers: the NumPy sinusoidal table, the RoPE layout conversion, the predicted ALiBi weight shares
-and ALiBi's bias accept right answers and name the classic mistakes (the `2 * i` typo, the conversion the other
-way, slopes for a power of two only, the cache offset forgotten)."""
+and ALiBi's bias accept right answers and name the classic mistakes (the exponent without its minus sign, the
+`2 * i` typo, the conversion the other way, slopes for a power of two only, the cache offset forgotten), in two
+levels: the concept in the feedback, the fix only from ``check_x.hint()``."""
 
 from __future__ import annotations
 
@@ -71,29 +72,47 @@ def test_sinusoidal_encoding_accepts_a_numpy_or_a_torch_table(answer):
     assert result.passed, result.text
 
 
-def test_sinusoidal_encoding_names_the_starters_typo():
+def the_starter():
+    """The exercise's starter function, as the notebook defines it."""
+    namespace = {}
+    exec(ch04.SINUSOIDAL_STARTER, namespace)
+    return namespace["positional_encoding"]
+
+
+def test_the_starters_table_passes_the_chapters_two_tests_and_is_still_wrong():
+    """What the exercise claims: pairs on the unit circle, dot products a function of the offset only, not the
+    formula's table; and near and far positions look alike."""
+    table = torch.from_numpy(the_starter()(200, 64))
+    assert (table[:, 0::2] ** 2 + table[:, 1::2] ** 2 - 1).abs().max() < 1e-12
+    dots = table @ table.T
+    assert max((torch.diagonal(dots, o).max() - torch.diagonal(dots, o).min()).item() for o in range(1, 100)) < 1e-6
+    assert (table - sinusoidal_encoding(200, 64).double()).abs().max() > 1
+    by_offset = dots[0]
+    assert all(abs(by_offset[a:b].mean()) < 3 for a, b in ((1, 10), (10, 50), (50, 200)))
+
+
+def test_sinusoidal_encoding_an_untouched_starter_is_not_answered_yet():
+    assert ex.check_sinusoidal_encoding(the_starter()).status == "unanswered"
+
+
+def test_sinusoidal_encoding_names_the_starters_bug_without_giving_the_fix(capsys):
+    starter = the_starter()
+    result = ex.check_sinusoidal_encoding(lambda n, d: starter(n, d))  # changed just enough to be graded
+    hint = ch04._SINUSOIDAL_BUGS["no minus"]
+    assert not result.passed and result.text.count(hint.concept) == 1, result.text  # once, not once per case
+    assert hint.fix not in result.text and "-(np.log(10000.0)" not in result.text
+    assert result.fixes == [hint.fix]
+    capsys.readouterr()
+    ex.check_sinusoidal_encoding.hint()
+    assert "-(np.log(10000.0) / d_model)" in capsys.readouterr().out
+
+
+def test_sinusoidal_encoding_names_the_2i_typo_and_the_chapters_loop():
     result = ex.check_sinusoidal_encoding(lambda n, d: numpy_table(n, d, typo=True))
-    assert not result.passed and result.text.count("base 10000² = 10⁸") == 3, result.text
+    assert not result.passed and "with the base squared" in result.text, result.text
     loop = ex.check_sinusoidal_encoding(the_chapters_loop)
-    assert loop.text.count("the chapter's loop") == 3, loop.text
-
-
-@pytest.mark.parametrize(
-    "kw, words",
-    [
-        (dict(swap=True), "swapped"),
-        (dict(concat=True), "sin and cos in halves"),
-        (dict(concat=True, swap=True), "cos and sin in halves"),
-        (dict(power=1), "i/d_model with i the index of the pair"),
-        (dict(power=4), "base 10000² = 10⁸"),
-        (dict(multiply=True), "DIVIDED"),
-        (dict(start=1), "start at 0"),
-        (dict(base=1000.0), "not 1000"),
-    ],
-)
-def test_sinusoidal_encoding_names_each_classic_slip(kw, words):
-    result = ex.check_sinusoidal_encoding(lambda n, d: torch_table(n, d, **kw))
-    assert not result.passed and words in result.text, result.text
+    assert "the loop of the chapter's 'Spot the bug' section" in loop.text, loop.text
+    assert "i / d_model" not in result.text + loop.text  # the fix is level 2
 
 
 def test_sinusoidal_encoding_survives_a_stub_and_odd_results():
@@ -158,13 +177,14 @@ def test_the_converted_weights_give_a_half_split_models_scores_in_the_library():
     [
         (to_half_split, "the conversion the other way"),
         (whole_matrix, "all d_model rows at once"),
-        (columns, "you reorder the columns"),
+        (columns, "you reordered the columns"),
         (lambda w, n_heads: w.clone(), "the weights are unchanged"),
     ],
 )
 def test_rope_permutation_names_each_mistake(wrong, words):
     result = ex.check_rope_permutation(wrong)
     assert not result.passed and words in result.text, result.text
+    assert ch04._ROPE_FIX in result.fixes[0] and "transpose(1, 2)" not in result.text
 
 
 def test_rope_permutation_survives_a_stub_and_a_crash():
@@ -203,7 +223,7 @@ def test_alibi_share_accepts_reasoned_predictions():
 @pytest.mark.parametrize(
     "prediction, words",
     [
-        ((1 - math.exp(-0.5), 0.08), "the newest key alone"),
+        ((1 - math.exp(-0.5), 0.08), "the share of the newest key alone"),
         ((5 / 64, 0.08), "a head with no penalty at all"),
         ((0.92, 1 - math.exp(-5 / 256)), "assumes endlessly many keys"),
         ((0.5, 0.5), "a geometric series"),
@@ -212,11 +232,12 @@ def test_alibi_share_accepts_reasoned_predictions():
 def test_alibi_share_names_the_mistake(prediction, words):
     result = ex.check_alibi_share(prediction)
     assert not result.passed and words in result.text, result.text
+    assert "(1 - r^5) / (1 - r^64)" not in result.text and "(1 - r^5) / (1 - r^64)" in result.fixes[0]
 
 
 def test_alibi_share_asks_for_two_numbers():
     result = ex.check_alibi_share(0.92)
-    assert not result.passed and result.text.count("give two numbers") == 2, result.text
+    assert not result.passed and result.text.count("give two numbers") == 1, result.text  # once per exercise
     assert ex.check_alibi_share(...).status == "unanswered"
     assert not ex.check_alibi_share("0.9, 0.1").passed
 
@@ -235,26 +256,43 @@ def alibi_right(n_heads, T_q, T_k):
     return -slopes[:, None, None] * (i - j)
 
 
-def test_alibi_accepts_a_right_answer_and_the_library():
-    assert ex.check_alibi(alibi_right).passed
-    assert ex.check_alibi(lambda n, T_q, T_k: alibi_bias(alibi_slopes(n), T_q, T_k, offset=T_k - T_q)).passed
+def test_alibi_accepts_a_right_answer_and_refuses_the_library():
+    right = ex.check_alibi(alibi_right)
+    assert right.passed and "torch alone" not in right.text, right.text
+    library = ex.check_alibi(lambda n, T_q, T_k: alibi_bias(alibi_slopes(n), T_q, T_k, offset=T_k - T_q))
+    assert not library.passed and "expected [], got ['alibi_bias', 'alibi_slopes']" in library.text, library.text
+
+
+def test_names_used_reads_nested_functions_and_attributes():
+    import transformer_lib as tl
+
+    def answer(n_heads, T_q, T_k):
+        def slopes(n):
+            return tl.alibi_slopes(n)
+
+        return slopes(n_heads)
+
+    assert "alibi_slopes" in ch04.names_used(answer)
+    assert ch04.names_used(alibi_right).isdisjoint({"alibi_bias", "alibi_slopes"})
+    assert ch04.names_used(42) == set()
 
 
 @pytest.mark.parametrize(
     "bug, words",
     [
-        ("geometric", "is the rule for a power of two only"),
-        ("first", "EVERY OTHER slope"),
-        ("odd", "[1::2] of the 2 n' sequence"),
-        ("eight", "2^-(h+1) are the slopes of 8 heads"),
-        ("no offset", "the queries are the newest T_q positions"),
-        ("sign", "the bias is a penalty"),
-        ("causal", "return the bias alone"),
+        ("geometric", "the rule for a power of two"),
+        ("first", "BETWEEN the first n' slopes"),
+        ("odd", "(duplicates)"),
+        ("eight", "those are the slopes of 8 heads"),
+        ("no offset", "your queries sit at positions 0 .. T_q - 1"),
+        ("sign", "your bias is a bonus"),
+        ("causal", "you hid the future keys yourself"),
     ],
 )
 def test_alibi_names_each_mistake(bug, words):
     result = ex.check_alibi(lambda n, T_q, T_k: ch04._alibi(n, T_q, T_k, bug=bug))
     assert not result.passed and words in result.text, result.text
+    assert result.fixes == [ch04._ALIBI_BUGS[bug].fix] and "[0::2]" not in result.text
 
 
 def test_alibi_without_the_offset_passes_only_the_square_cases():

@@ -1,7 +1,8 @@
-"""Chapter 5's checkers: a tutorial's LayerNorm module, a Pre-LN block, the residual stream's growth and
-BatchNorm's running statistics accept right answers and name the classic mistakes (unbiased std, eps outside the
-root, one gain for all features, the normalized x on the skip path, Post-LN, norms added instead of squares,
-BatchNorm's momentum backwards, the biased running variance)."""
+"""Chapter 5's checkers: a tutorial's LayerNorm module, a Pre-LN layer with residual dropout, the residual stream's
+growth and BatchNorm's running statistics accept right answers and name the classic mistakes (unbiased std, eps
+outside the root, one gain for all features, dropout on the residual stream itself, Post-LN, norms added instead of
+squares, BatchNorm's momentum backwards, the biased running variance), in two levels: the concept in the feedback,
+the fix only from ``check_x.hint()``. An untouched Spot the bug starter is not answered yet."""
 
 from __future__ import annotations
 
@@ -58,28 +59,36 @@ def test_layer_norm_module_accepts_a_fixed_class():
     assert ex.check_layer_norm_module(LibraryLayerNorm).passed
 
 
+def test_layer_norm_module_an_untouched_starter_is_not_answered_yet():
+    namespace = {"nn": nn, "torch": torch}
+    exec(ch05.LAYER_NORM_STARTER, namespace)
+    result = ex.check_layer_norm_module(namespace["LayerNormalization"])
+    assert result.status == "unanswered" and "not answered yet" in result.text, result.text
+
+
 def test_layer_norm_module_names_all_three_bugs_of_the_tutorial():
     result = ex.check_layer_norm_module(tutorial_layer_norm())
     assert not result.passed and "4 of 4 checks failed" in result.text, result.text
-    assert result.text.count("x.std(dim=-1) is the unbiased") == 1, result.text  # where eps hardly matters
-    assert result.text.count("both classic bugs are still there") == 1, result.text  # nearly constant features
-    assert result.text.count("alpha and bias hold one number each") == 2, result.text
+    for hint in (ch05._LAYER_NORM_BUGS["unbiased"], ch05._LAYER_NORM_BUGS["both"], ch05._SCALAR_HINT):
+        assert result.text.count(hint.concept) == 1, result.text  # each concept once, not once per case
+        assert hint.fix not in result.text and hint.fix in result.fixes
 
 
 @pytest.mark.parametrize(
-    "bugs_left, words, count",
+    "bugs_left, words",
     [
-        (dict(scalar=False, outside=False), "x.std(dim=-1) is the unbiased standard deviation", 3),
-        (dict(scalar=False, unbiased=False), "eps belongs inside the square root", 1),
-        (dict(scalar=False), "both classic bugs are still there", 1),
-        (dict(unbiased=False, outside=False), "alpha and bias hold one number each", 2),
+        (dict(scalar=False, outside=False), "x.std divides by d - 1"),
+        (dict(scalar=False, unbiased=False), "eps is added outside the square root"),
+        (dict(scalar=False), "both of the tutorial's forward bugs are still there"),
+        (dict(unbiased=False, outside=False), "alpha and bias hold one number each"),
     ],
     ids=["unbiased std", "eps outside", "both forward bugs", "one gain for all features"],
 )
-def test_layer_norm_module_names_each_bug_left(bugs_left, words, count):
+def test_layer_norm_module_names_each_bug_left(bugs_left, words):
     result = ex.check_layer_norm_module(tutorial_layer_norm(**bugs_left))
     assert not result.passed
-    assert result.text.count(words) == count, result.text
+    assert result.text.count(words) == 1, result.text
+    assert "unbiased=False" not in result.text and "torch.ones(features)" not in result.text  # the fixes: level 2
 
 
 def test_layer_norm_module_asks_for_the_parameter_names():
@@ -114,54 +123,81 @@ def test_layer_norm_module_fails_a_forward_that_changes_its_input():
     assert result.text.count("your function changed its input in place (x)") == 3, result.text
 
 
-# ---------------------------------------------------------------- Spot the bug: a "Pre-LN" block
+# ---------------------------------------------------------------- Spot the bug: residual dropout in a Pre-LN layer
 
 
-def learner_block(x, attention, ff, norm1, norm2, *, bug: str = ""):
-    """A learner's Pre-LN block, right or with one of the classic mistakes."""
-    if bug == "tutorial":  # the starter cell
-        h = norm1(x)
-        x = h + attention(h)
-        h = norm2(x)
-        return h + ff(h)
+def learner_block(x, attention, ff, norm1, norm2, dropout, *, bug: str = ""):
+    """A learner's Pre-LN layer with residual dropout, right or with one of the classic mistakes."""
+    if bug == "starter":
+        x = dropout(x + attention(norm1(x)))
+        return dropout(x + ff(norm2(x)))
     if bug == "second block":
+        x = x + dropout(attention(norm1(x)))
+        return dropout(x + ff(norm2(x)))
+    if bug == "no dropout":
         x = x + attention(norm1(x))
-        h = norm2(x)
-        return h + ff(h)
+        return x + ff(norm2(x))
+    if bug == "before":
+        x = x + attention(dropout(norm1(x)))
+        return x + ff(dropout(norm2(x)))
     if bug == "Post-LN":
-        x = norm1(x + attention(x))
-        return norm2(x + ff(x))
-    if bug == "no residual":
-        return ff(norm2(attention(norm1(x))))
-    if bug == "norm after":
-        x = x + norm1(attention(x))
-        return x + norm2(ff(x))
-    x = x + attention(norm1(x))
-    return x + ff(norm2(x))
+        x = norm1(x + dropout(attention(x)))
+        return norm2(x + dropout(ff(x)))
+    if bug == "normalized skip":  # the normalized x on the skip path: a bug no row of the table names
+        h = norm1(x)
+        x = h + dropout(attention(h))
+        h = norm2(x)
+        return h + dropout(ff(h))
+    x = x + dropout(attention(norm1(x)))
+    return x + dropout(ff(norm2(x)))
 
 
 def test_pre_ln_block_accepts_the_fix():
     result = ex.check_pre_ln_block(learner_block)
-    assert result.passed and result.text.count("✅") == 2, result.text
+    assert result.passed and result.text.count("✅") == 3, result.text
+
+
+def test_pre_ln_block_an_untouched_starter_is_not_answered_yet():
+    namespace = {}
+    exec(ch05.PRE_LN_STARTER, namespace)
+    assert ex.check_pre_ln_block(namespace["pre_ln_block"]).status == "unanswered"
+
+
+def test_pre_ln_block_the_starter_is_right_in_evaluation_mode_only():
+    result = ex.check_pre_ln_block(lambda *args: learner_block(*args, bug="starter"))
+    assert "✅ dropout off (nn.Dropout in evaluation mode)" in result.text and result.text.count("❌") == 2, result.text
+    hint = ch05._PRE_LN_BUGS["on the stream"]
+    assert result.text.count(hint.concept) == 1 and hint.fix not in result.text and result.fixes == [hint.fix]
 
 
 @pytest.mark.parametrize(
     "bug, words",
     [
-        ("tutorial", "the skip path carries the normalized x"),
-        ("second block", "the attention block is fixed, the feed-forward block is not"),
+        ("second block", "the attention block is fixed; the feed-forward block still drops"),
+        ("no dropout", "your layer applies no dropout"),
+        ("before", "you drop the sublayer's input"),
         ("Post-LN", "this is Post-LN"),
-        ("no residual", "the residual connections are missing"),
-        ("norm after", "the norms are applied to the sublayers' outputs"),
+        ("normalized skip", "each block adds its sublayer's output"),
     ],
 )
 def test_pre_ln_block_names_each_bug(bug, words):
     result = ex.check_pre_ln_block(lambda *args: learner_block(*args, bug=bug))
-    assert not result.passed and result.text.count(words) == 2, result.text
+    assert not result.passed and result.text.count(words) == 1, result.text
+    assert "dropout(attention(norm1(x)))" not in result.text  # the fix is level 2
+
+
+def test_the_fixed_dropout_drops_like_nn_dropout_in_training():
+    drop = ch05._FixedDropout((200, 500), 0.1, torch.Generator().manual_seed(0))
+    h = torch.randn(200, 500)
+    out = drop(h)
+    kept = out != 0
+    assert abs(1 - kept.float().mean().item() - 0.1) < 0.01  # a share p of the entries dropped
+    torch.testing.assert_close(out[kept], h[kept] / 0.9)  # the others scaled by 1 / (1 - p)
+    torch.testing.assert_close(drop(h), out)  # the same entries at every call
 
 
 def test_pre_ln_block_survives_odd_answers():
-    def stub(x, attention, ff, norm1, norm2): ...  # your code here
+    def stub(x, attention, ff, norm1, norm2, dropout): ...  # your code here
 
     assert "not answered yet" in ex.check_pre_ln_block(stub).text
     for answer in (lambda x, *rest: x[..., :1], lambda *a: 1 / 0, lambda x, attention: x, 42):
@@ -188,7 +224,8 @@ def test_stream_growth_checker():
     linear = ex.check_stream_growth(8 + 48 * 8)
     assert not linear.passed and "you added the norms" in linear.text
     other = ex.check_stream_growth(30)
-    assert not other.passed and "the SQUARES" not in other.text and "||x||² ≈ ||x_0||² + L · 64" in other.text
+    assert not other.passed and "the SQUARES" not in other.text and "||x||² ≈ ||x_0||² + L · 64" not in other.text
+    assert "||x||² ≈ ||x_0||² + L · 64" in other.fixes[0]  # the formula only from check_stream_growth.hint()
     assert ex.check_stream_growth(...).status == "unanswered"
     assert not ex.check_stream_growth("56").passed and not ex.check_stream_growth(lambda: 56).passed
 
@@ -214,19 +251,20 @@ def test_running_stats_accepts_a_right_answer():
 @pytest.mark.parametrize(
     "bug, words",
     [
-        ("biased", "running_var keeps the UNBIASED variance"),
-        ("momentum", "momentum is the weight of the NEW batch"),
+        ("biased", "your running variance is the variance BatchNorm normalizes the batch with"),
+        ("momentum", "weighs the old and the new statistics the other way round"),
         ("batch only", "these are the batch's own statistics"),
     ],
 )
 def test_running_stats_names_each_bug(bug, words):
     result = ex.check_running_stats(lambda *args: learner_running_stats(*args, bug=bug))
-    assert not result.passed and result.text.count(words) == 3, result.text
+    assert not result.passed and result.text.count(words) == 1, result.text
+    assert result.fixes and not any(fix in result.text for fix in result.fixes)
 
 
 def test_running_stats_wants_one_statistic_per_feature():
     over_features = ex.check_running_stats(lambda *args: learner_running_stats(*args, bug="feature axis"))
-    assert over_features.text.count("one number per feature, shape (d_model,)") == 3, over_features.text
+    assert over_features.text.count("one number per feature, shape (d_model,)") == 1, over_features.text
     over_the_batch = ex.check_running_stats(lambda *args: learner_running_stats(*args, bug="batch axis"))
     assert not over_the_batch.passed and "expected shape (8,), got shape (5, 8)" in over_the_batch.text
 

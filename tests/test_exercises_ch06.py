@@ -1,7 +1,7 @@
-"""Chapter 6's checkers: a teacher-forced loss, the label-smoothed loss of a sure prediction and one beam-search
-step accept right answers and name the classic mistakes (the decoder fed the source, the shift missing or the
-wrong way, padding counted, smoothing forgotten, scores not accumulated, beam and token swapped, rows without
-the example's offset)."""
+"""Chapter 6's checkers: greedy decoding for a batch, the label-smoothed loss of a sure prediction and one
+beam-search step accept right answers and name the classic mistakes (the batch stopped at its first <eos>, no
+padding after a row's <eos>, smoothing forgotten, scores not accumulated, beam and token swapped, rows without
+the example's offset), in two levels: the concept in the feedback, the fix only from ``check_x.hint()``."""
 
 from __future__ import annotations
 
@@ -9,75 +9,100 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
+from transformer_lib import decoding
+from transformer_lib.decoding import greedy_decode
 from transformer_lib.notebook import exercises as ex
 from transformer_lib.notebook.exercises import ch06_encoder_decoder as ch06
-from transformer_lib.tasks import ALPHABETS, PAD, Seq2SeqTokenizer, seq2seq_loss
+from transformer_lib.tasks import ALPHABETS, BOS, EOS, PAD, Seq2SeqTokenizer
 
-# ---------------------------------------------------------------- Spot the bug: a decoder that reads the source
+# ---------------------------------------------------------------- Spot the bug: greedy decoding for a batch
 
 
-def learner_loss(model, src, tgt, *, bug: str = ""):
-    """A learner's teacher-forced loss, right or with one of the classic mistakes."""
+def the_starter():
+    """The exercise's starter function, as the notebook defines it."""
+    namespace = {"torch": torch, "BOS": BOS, "EOS": EOS, "PAD": PAD}
+    exec(ch06.GREEDY_STARTER, namespace)
+    return namespace["greedy_batch"]
+
+
+@torch.no_grad()
+def learner_greedy(model, src, max_len, *, bug: str = ""):
+    """A learner's batched greedy decoding with a cache, right or with one of the classic mistakes."""
     memory = model.encode(src)
-    T = tgt.shape[1] - 1
-    decoder_input, labels = {
-        "source fed": (src, tgt[:, 1:]),  # the starter cell
-        "no shift": (tgt, tgt),
-        "wrong way": (tgt[:, 1:], tgt[:, :-1]),
-        "labels = input": (tgt[:, :-1], tgt[:, :-1]),
-    }.get(bug, (tgt[:, :-1], tgt[:, 1:]))
-    logits = model.decode(decoder_input, memory, src)
-    if bug == "source fed":
-        logits = logits[:, :T]  # "so that the shapes fit"
-    ignore = -100 if bug == "padding counted" else PAD
-    return F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=ignore)
+    caches = model.new_caches()
+    ys = torch.full((src.shape[0], 1), BOS)
+    done = torch.zeros(src.shape[0], dtype=torch.bool)
+    for _ in range(max_len):
+        next_id = model.decode(ys[:, -1:], memory, src, caches=caches)[:, -1].argmax(-1)
+        if bug != "no padding":
+            next_id = next_id.masked_fill(done, PAD)
+        ys = torch.cat([ys, next_id[:, None]], dim=1)
+        done |= next_id == EOS
+        if bug != "never stops" and done.all():
+            break
+    return ys
 
 
-def test_teacher_forcing_loss_accepts_the_fix_and_the_library():
-    for answer in (learner_loss, lambda model, src, tgt: seq2seq_loss(model, (src, tgt))):
-        result = ex.check_teacher_forcing_loss(answer)
-        assert result.passed and result.text.count("✅") == 3, result.text
+def test_greedy_batch_accepts_the_fix_and_the_librarys_loop():
+    for answer in (
+        learner_greedy,
+        lambda model, src, max_len: decoding._greedy(model, src, max_len, BOS, EOS, PAD, False),
+    ):
+        result = ex.check_greedy_batch(answer)
+        assert result.passed and result.text.count("✅") == 4, result.text
 
 
-def test_teacher_forcing_loss_names_the_source_fed_decoder():
-    result = ex.check_teacher_forcing_loss(lambda *args: learner_loss(*args, bug="source fed"))
-    assert not result.passed and "3 of 3 checks failed" in result.text
-    assert result.text.count("the decoder reads the source: model.decode(src, ...)") == 2, result.text
-    assert "raised RuntimeError" in result.text and "one position per SOURCE token" in result.text  # T > S: a crash
+def test_the_stand_in_model_decodes_like_a_seq2seq_model_with_and_without_a_cache():
+    model, src = ch06._CopyModel(), torch.tensor([[5, 6, 7], [8, 0, 0]])
+    out = decoding._greedy(model, src, 6, BOS, EOS, PAD, False)
+    assert out.tolist() == [[BOS, 5, 6, 7, EOS], [BOS, 8, EOS, PAD, PAD]]
+    torch.testing.assert_close(decoding._greedy(model, src, 6, BOS, EOS, PAD, True), out)
+    assert ch06._greedy_batch(model, src, 6).tolist() == out.tolist()
+
+
+def test_greedy_batch_an_untouched_starter_is_not_answered_yet():
+    assert ex.check_greedy_batch(the_starter()).status == "unanswered"
+
+
+def test_greedy_batch_the_starter_is_right_when_every_row_ends_at_the_same_step(capsys):
+    starter = the_starter()
+    result = ex.check_greedy_batch(lambda *args: starter(*args))
+    assert "✅ a batch of one source" in result.text and "✅ 3 sources of one length" in result.text, result.text
+    hint = ch06._GREEDY_BUGS["first eos"]
+    assert result.text.count("❌") == 2 and result.text.count(hint.concept) == 1, result.text
+    assert "masked_fill" not in result.text and result.fixes == [hint.fix]
+    capsys.readouterr()
+    ex.check_greedy_batch.hint()
+    assert "done.all()" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(
-    "bug, words, count",
+    "bug, words",
     [
-        ("no shift", "no shift: the decoder reads the very token", 3),
-        ("wrong way", "shifted the wrong way", 3),
-        ("labels = input", "the labels equal the decoder's input", 3),
-        ("padding counted", "the padding labels count in the loss", 1),  # only the case with padded targets
+        ("no padding", "a finished row keeps writing after its <eos>"),
+        ("never stops", "your loop always runs max_len steps"),
     ],
 )
-def test_teacher_forcing_loss_names_each_shift_mistake(bug, words, count):
-    result = ex.check_teacher_forcing_loss(lambda *args: learner_loss(*args, bug=bug))
-    assert not result.passed and result.text.count(words) == count, result.text
+def test_greedy_batch_names_each_bug(bug, words):
+    result = ex.check_greedy_batch(lambda *args: learner_greedy(*args, bug=bug))
+    assert not result.passed and result.text.count(words) == 1, result.text
+    assert "masked_fill" not in result.text and "done.all()" not in result.text  # the fix is level 2
 
 
-def test_teacher_forcing_loss_survives_odd_answers():
-    def stub(model, src, tgt): ...  # your code here
+def test_greedy_batch_refuses_the_librarys_decoder():
+    result = ex.check_greedy_batch(
+        lambda model, src, max_len: greedy_decode(model, src, max_len, bos_id=BOS, eos_id=EOS)
+    )
+    assert not result.passed and "expected [], got ['greedy_decode']" in result.text, result.text
 
-    assert ex.check_teacher_forcing_loss(stub).status == "unanswered"
-    for answer in (lambda *a: None, lambda *a: 1 / 0, lambda model, src, tgt: model(src, tgt), 3.0):
-        assert not ex.check_teacher_forcing_loss(answer).passed
 
+def test_greedy_batch_survives_odd_answers():
+    def stub(model, src, max_len): ...  # your code here
 
-def test_teacher_forcing_loss_fails_an_answer_that_changes_the_target():
-    def shifting_in_place(model, src, tgt):
-        loss = seq2seq_loss(model, (src, tgt))
-        tgt[:, 0] = PAD
-        return loss
-
-    result = ex.check_teacher_forcing_loss(shifting_in_place)
-    assert result.text.count("your function changed its input in place (tgt)") == 3, result.text
+    assert ex.check_greedy_batch(stub).status == "unanswered"
+    for answer in (lambda *a: None, lambda *a: 1 / 0, lambda model, src, max_len: src, "greedy"):
+        assert not ex.check_greedy_batch(answer).passed
 
 
 # ---------------------------------------------------------------- Predict, then run: a sure prediction, smoothed
@@ -96,9 +121,11 @@ def test_smoothed_loss_checker():
     minimum = ex.check_smoothed_loss(0.68)
     assert not minimum.passed and "that is the LOWEST smoothed loss" in minimum.text
     eps_per_token = ex.check_smoothed_loss(41 * 20 * 0.1)
-    assert not eps_per_token.passed and "that weight is eps / V, not eps" in eps_per_token.text
+    assert not eps_per_token.passed and "weight in the smoothed target is eps / V, not eps" in eps_per_token.text
     other = ex.check_smoothed_loss(5.0)
-    assert not other.passed and "the loss is about eps · (V - 1) / V · 20" in other.text
+    assert not other.passed and "which q_i are not 0" in other.text
+    for result in (unsmoothed, minimum, eps_per_token, other):  # the formula only from check_smoothed_loss.hint()
+        assert "(V - 1) / V · 20" not in result.text and "(V - 1) / V · 20" in result.fixes[0], result.text
     assert ex.check_smoothed_loss(...).status == "unanswered"
     assert not ex.check_smoothed_loss("2").passed
 
@@ -146,13 +173,14 @@ def test_beam_step_accepts_a_vectorized_and_a_looped_answer():
     [
         ("no scores", "you ranked the extensions by the new token's log-probability alone", 3),  # not at n=1
         ("swapped", "beam and token are swapped", 4),
-        ("no offset", "beam j of example b is row b * n + j, not j", 4),
-        ("offset k", "with n = ", 2),  # only where n != k
+        ("no offset", "your rows number each example's beams from 0", 4),
+        ("offset k", "which need not be k", 2),  # only where n != k
     ],
 )
 def test_beam_step_names_each_bug(bug, words, count):
     result = ex.check_beam_step(lambda *args: learner_beam_step(*args, bug=bug))
-    assert not result.passed and result.text.count(words) == count, result.text
+    assert not result.passed and result.text.count("❌") == count and result.text.count(words) == 1, result.text
+    assert "b * n + j" not in result.text and "f // V" not in result.text  # the fixes are level 2
 
 
 def test_beam_step_survives_odd_answers():

@@ -13,10 +13,10 @@ reader's random streams (torch, ``random``, NumPy) as it found them.
 When a case fails, the checker compares the answer with the classic bugs that popular
 tutorials ship (a softmax normalised over the wrong axis or by the whole tensor's maximum, a
 mask with PyTorch's "True = blocked" polarity or padding on the query axis, the batch mixed
-into the head split, keys reshaped with the query's length, the positional-encoding exponent
-typo, a LayerNorm with the unbiased std, eps outside the root or one scalar gain, the
-normalised input on the skip path, a decoder fed the source, a BPE encoder that merges the
-most frequent pair) and names the one it recognises.
+into the head split, keys reshaped with the query's length, a positional-encoding exponent
+doubled or without its minus sign, a LayerNorm with the unbiased std, eps outside the root or one
+scalar gain, residual dropout applied to the residual stream, a batch decoder that stops at the
+first end token, a BPE encoder that merges the most frequent pair) and names the one it recognises.
 
 An answer still as the starter cell left it gets "not answered yet" (a *Spot the bug*'s buggy code
 too, declared with ``@checker(starter=SOURCE)``); ``@checker(answer="value")``
@@ -33,7 +33,7 @@ checks a prediction (a number) instead of a function; every call is recorded for
   ``check_alibi``
 - ``ch05_norms_and_residuals``: ``check_layer_norm_module``, ``check_pre_ln_block``, ``check_stream_growth``,
   ``check_running_stats``
-- ``ch06_encoder_decoder``: ``check_teacher_forcing_loss``, ``check_smoothed_loss``, ``check_beam_step``
+- ``ch06_encoder_decoder``: ``check_greedy_batch``, ``check_smoothed_loss``, ``check_beam_step``
 - ``ch07_decoder_only``: ``check_encode_word``, ``check_swiglu_hidden``, ``check_kv_cache_bytes``,
   ``check_gqa_step``
 - ``ch08_training_at_scale``: ``check_amp_state_bytes``, ``check_accumulate``, ``check_scaled_step``,
@@ -58,7 +58,7 @@ from .ch05_norms_and_residuals import (
     check_running_stats,
     check_stream_growth,
 )
-from .ch06_encoder_decoder import check_beam_step, check_smoothed_loss, check_teacher_forcing_loss
+from .ch06_encoder_decoder import check_beam_step, check_greedy_batch, check_smoothed_loss
 from .ch07_decoder_only import check_encode_word, check_gqa_step, check_kv_cache_bytes, check_swiglu_hidden
 from .ch08_training_at_scale import (
     check_accumulate,
@@ -97,7 +97,7 @@ __all__ = [
     "check_pre_ln_block",
     "check_stream_growth",
     "check_running_stats",
-    "check_teacher_forcing_loss",
+    "check_greedy_batch",
     "check_smoothed_loss",
     "check_beam_step",
     "check_encode_word",

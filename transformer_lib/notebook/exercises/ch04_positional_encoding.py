@@ -1,13 +1,15 @@
-"""Chapter 4, positional encoding: ``check_sinusoidal_encoding`` (fix a NumPy table with the ``2 * i`` typo),
-``check_rope_permutation`` (convert RoPE weights from the half-split layout to the interleaved one),
-``check_alibi_share`` (a prediction: how much weight ALiBi's steepest and flattest heads keep nearby) and
-``check_alibi`` (ALiBi's bias for any number of heads, with a cache)."""
+"""Chapter 4, positional encoding: ``check_sinusoidal_encoding`` (fix a NumPy table whose frequencies lost the
+minus sign of their exponent), ``check_rope_permutation`` (convert RoPE weights from the half-split layout to the
+interleaved one), ``check_alibi_share`` (a prediction: how much weight ALiBi's steepest and flattest heads keep
+nearby) and ``check_alibi`` (ALiBi's bias for any number of heads, with a cache, built with torch alone)."""
 
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 from collections.abc import Callable
+from types import CodeType
 from typing import Any
 
 import numpy as np
@@ -16,26 +18,47 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ...positional import RotaryEmbedding, alibi_bias, alibi_slopes, sinusoidal_encoding
-from ._framework import Bug, Checker, bug_table, checker
+from ._framework import Bug, Checker, Hint, bug_table, checker
 
 __all__ = ["check_sinusoidal_encoding", "check_rope_permutation", "check_alibi_share", "check_alibi"]
 
+ANSWER_MARKERS: dict[str, tuple[str, ...]] = {  # exercise label -> what gives its answer away
+    "ex-sinusoidal": ("-(np.log(10000.0) / d_model)", "-np.log(10000", "np.exp(-np.arange", "the minus sign"),
+    "ex-direction": ("w^q (w^k)^t", "= m_1", "pe(n + 1)"),
+    "ex-rope": ("(n_heads, 2, d_head // 2", "view(n_heads, 2, -1)"),
+    "ex-alibi-share": ("0.92", "0.087", "(1 - r^5)/(1 - r^{64})"),
+    "ex-alibi": ("[0::2][: n_heads - n]", "arange(t_k - t_q, t_k)"),
+}
 
-# ---------------------------------------------------------------- Spot the bug: the NumPy table's `2 * i`
+
+# ---------------------------------------------------------------- Spot the bug: frequencies through a logarithm
+
+SINUSOIDAL_STARTER = """\
+import numpy as np
+
+
+def positional_encoding(max_len, d_model):  # find and fix the bug
+    position = np.arange(max_len)[:, None]  # (max_len, 1)
+    frequencies = np.exp(np.arange(0, d_model, 2) * (np.log(10000.0) / d_model))  # (d_model/2,) one per pair
+    angles = position * frequencies  # (max_len, d_model/2): position times frequency
+    return np.stack([np.sin(angles), np.cos(angles)], axis=-1).reshape(max_len, d_model)  # sin, cos, sin, ...
+"""
+"""The exercise's starter cell: answered with this code unchanged, the check says "not answered yet"."""
 
 
 def _sinusoidal(max_len: int, d_model: int, *, bug: str = "") -> Tensor:
     """The sinusoidal encoding, or one of its classic wrong versions (:data:`_SINUSOIDAL_BUGS`).
 
-    "chapter loop" is the chapter's loop: sine with exponent 2j/d, cosine with 2(j+1)/d, j = 0, 2, 4, ... the
-    even dimension. Shapes: -> (max_len, d_model).
+    "no minus" is the starter's: pos * 10000^(2i/d) where pos / 10000^(2i/d) belongs. "chapter loop" is the
+    chapter's loop: sine with exponent 2j/d, cosine with 2(j+1)/d, j = 0, 2, 4, ... the even dimension.
+    Shapes: -> (max_len, d_model).
     """
     start = 1 if bug == "from 1" else 0
     pos = torch.arange(start, start + max_len, dtype=torch.float64)[:, None]  # (max_len, 1)
     i = torch.arange(d_model // 2, dtype=torch.float64)  # the pairs, 0 .. d/2 - 1
     power = {"4i/d": 4 * i, "chapter loop": 4 * i, "i/d": i}.get(bug, 2 * i) / d_model
     base = 1000.0 if bug == "base 1000" else 10000.0
-    angles = pos * base**power if bug == "multiplied" else pos / base**power  # (max_len, d/2)
+    angles = pos * base**power if bug == "no minus" else pos / base**power  # (max_len, d/2)
     sin, cos = torch.sin(angles), torch.cos(angles)
     if bug == "chapter loop":
         cos = torch.cos(pos / base ** ((4 * i + 2) / d_model))
@@ -50,34 +73,64 @@ def _as_tensor(table: Any) -> Any:
     return torch.from_numpy(np.ascontiguousarray(table)) if isinstance(table, np.ndarray) else table
 
 
-_TYPO_HINT = (
-    "the exponent is doubled: `2 * i` where i already steps through the even dimensions 0, 2, 4, ... (it IS the 2i "
-    "of the formula). That is the encoding with base 10000² = 10⁸: pairs still on the unit circle, dot products "
-    "still a function of the offset, but the slow half of the dimensions barely move. Use i / d_model when i is the "
-    "even dimension (or 2 * i / d_model when i counts the pairs 0, 1, 2, ...)."
-)
-
-
+_THE_FORMULA = "the formula of 'The sinusoidal encoding'"
+_FORMULA = f"reread {_THE_FORMULA}"
+_INTERLEAVED = "pe[:, 0::2] = sin(angles) and pe[:, 1::2] = cos(angles): dimension 2i is a sine, 2i+1 its cosine"
 _SINUSOIDAL_BUGS = {  # bug -> hint, for _sinusoidal(..., bug=bug)
-    "4i/d": _TYPO_HINT,
-    "chapter loop": "the chapter's loop: `2 * i` doubles the exponent (i already steps by 2), and the cosine uses "
-    "2 * (i + 1), another frequency than its sine. Sine and cosine of a pair share one angle, "
-    "pos / 10000^(i / d_model) with i = 0, 2, 4, ...",
-    "swapped": "sin and cos are swapped: the even dimensions 2i hold the sine, the odd ones 2i+1 the cosine.",
-    "halves": "sin and cos in halves: the sines fill the first d_model/2 columns and the cosines the last "
-    "d_model/2; the encoding interleaves them: dimension 2i is a sine and dimension 2i+1 the cosine "
-    "of the same angle, pe[:, 0::2] = sin and pe[:, 1::2] = cos.",
-    "halves, cos first": "cos and sin in halves: the cosines fill the first d_model/2 columns and the sines the "
-    "last; the encoding interleaves them, the sine first: pe[:, 0::2] = sin and pe[:, 1::2] = cos.",
-    "i/d": "the exponent is i/d_model with i the index of the pair; it is 2i/d_model (equivalently "
-    "j/d_model with j = 0, 2, 4, ... the even dimension).",
-    "multiplied": "the angle is pos DIVIDED by 10000^(2i/d_model): the wavelengths grow with i.",
-    "from 1": "positions start at 0, not 1: the first row is sin(0) = 0, cos(0) = 1.",
-    "base 1000": "the base is 10000, not 1000.",
+    "no minus": Hint(
+        "your frequencies GROW across the dimensions: the first pair turns by one radian per position and the "
+        "last by thousands, where each pair should turn more slowly than the one before it, the slowest once in "
+        f"about 2π · 10000 positions. Both of the chapter's tests hold for any frequencies; {_FORMULA} (the angle "
+        "of pair i, and its wavelength).",
+        "the exponent lost its minus sign: frequencies = np.exp(np.arange(0, d_model, 2) * -(np.log(10000.0) / "
+        "d_model)), which is 1 / 10000 ** (i / d_model) for the even dimensions i.",
+    ),
+    "4i/d": Hint(
+        "your table is the sinusoidal encoding with the base squared, 10000² = 10⁸: pairs still on the unit "
+        "circle, dot products still a function of the offset, but the frequencies fall twice as fast across the "
+        "dimensions, and the slow half of them barely move. It is the chapter's 'Spot the bug' slip: which "
+        "dimensions does your index step through?",
+        "use i / d_model when i is the even dimension 0, 2, 4, ... (it IS the 2i of the formula), or 2 * i / "
+        "d_model when i counts the pairs 0, 1, 2, ...",
+    ),
+    "chapter loop": Hint(
+        "this is the loop of the chapter's 'Spot the bug' section: its exponent is doubled, and its sine and "
+        "cosine of one pair turn at different frequencies. A pair is the sine and the cosine of ONE angle; "
+        + _FORMULA
+        + ".",
+        "sine and cosine share one angle, pos / 10000 ** (i / d_model) with i = 0, 2, 4, ... the even dimension.",
+    ),
+    "swapped": Hint(
+        f"sine and cosine are in each other's place: {_FORMULA} (which dimension of a pair holds the sine).",
+        _INTERLEAVED + ".",
+    ),
+    "halves": Hint(
+        "your sines fill the first half of the columns and the cosines the second; the encoding interleaves "
+        f"them, a pair is two neighbouring dimensions ({_FORMULA}).",
+        _INTERLEAVED + ".",
+    ),
+    "halves, cos first": Hint(
+        "your cosines fill the first half of the columns and the sines the second; the encoding interleaves "
+        f"them, sine first, a pair being two neighbouring dimensions ({_FORMULA}).",
+        _INTERLEAVED + ".",
+    ),
+    "i/d": Hint(
+        "your frequencies fall half as fast across the dimensions as they should (the encoding with base 100): "
+        f"the exponent of pair i is 2i/d_model; {_FORMULA}.",
+        "with i the index of the pair use 2 * i / d_model; with i the even dimension 0, 2, 4, ..., i / d_model.",
+    ),
+    "from 1": Hint(
+        "your first row is position 1: the positions start at 0, whose row is sin 0 = 0, cos 0 = 1.",
+        "pos = np.arange(max_len), from 0.",
+    ),
+    "base 1000": Hint(
+        f"your longest wavelength is ten times too short: check the base against {_THE_FORMULA}.",
+        "the base is 10000, not 1000.",
+    ),
 }
 
 
-@checker
+@checker(starter=SINUSOIDAL_STARTER)
 def check_sinusoidal_encoding(c: Checker, encoding: Callable[[int, int], Any]) -> None:
     """Check ``encoding(max_len, d_model) -> PE`` of Vaswani et al.: PE[pos, 2i] = sin(pos / 10000^(2i/d_model)),
     PE[pos, 2i+1] = cos(pos / 10000^(2i/d_model)), as a NumPy array or a tensor.
@@ -90,8 +143,12 @@ def check_sinusoidal_encoding(c: Checker, encoding: Callable[[int, int], Any]) -
             lambda n=max_len, d=d_model: _as_tensor(encoding(n, d)),
             sinusoidal_encoding(max_len, d_model),
             bugs=bug_table(_SINUSOIDAL_BUGS, _sinusoidal, max_len, d_model),
-            hint="angles = pos / 10000 ** (j / d_model) for pos = 0 .. max_len-1 and the even dimensions "
-            "j = 0, 2, ..., d_model-2; pe[:, 0::2] = sin(angles), pe[:, 1::2] = cos(angles).",
+            hint=Hint(
+                "compare your table with tl.sinusoidal_encoding(max_len, d_model), row by row, and "
+                f"{_THE_FORMULA}: each pair holds the sine and the cosine of one angle.",
+                "angles = pos / 10000 ** (j / d_model) for pos = 0 .. max_len-1 and the even dimensions "
+                "j = 0, 2, ..., d_model-2; pe[:, 0::2] = sin(angles), pe[:, 1::2] = cos(angles).",
+            ),
         )
 
 
@@ -134,16 +191,34 @@ def _rope_scores(x: Tensor, q: tuple[Tensor, Tensor], k: tuple[Tensor, Tensor], 
     return rope(q_heads) @ rope(k_heads).transpose(-2, -1)
 
 
+_ROPE_SECTION = "reread the end of 'Rotary position embedding (RoPE)', where `halves` lines the two layouts up"
+_ROPE_FIX = (
+    "per head, rows i and i + d_head/2 become rows 2i and 2i + 1: view each head's rows as (2, d_head/2), "
+    "transpose to (d_head/2, 2), flatten: w.reshape(n_heads, 2, d_head // 2, *w.shape[1:]).transpose(1, 2)"
+    ".reshape(w.shape)."
+)
 _ROPE_BUGS = {  # bug -> hint, for _convert(..., bug=bug)
-    "the other way": "that is the conversion the other way, interleaved to halves (Hugging Face's `permute` for "
-    "Meta's checkpoints). Here row i of a head's first half and row i of its second half must become rows 2i and "
-    "2i + 1: view each head's rows as (2, d_head/2), transpose to (d_head/2, 2), flatten.",
-    "whole matrix": "you interleave the two halves of all d_model rows at once. Each head has its own pairs (i, i + "
-    "d_head/2): reorder the rows inside every head, with a leading n_heads axis.",
-    "columns": "you reorder the columns. nn.Linear stores its weight as (out, in): the output dimensions, which "
-    "RoPE rotates, are the rows (the first axis).",
-    "unchanged": "the weights are unchanged: the two layouts pair different dimensions, so the same weights give "
-    "different scores (the chapter measured it).",
+    "the other way": Hint(
+        "that is the conversion the other way, from neighbouring pairs to halves (Hugging Face's `permute` for "
+        "Meta's checkpoints): the rows that must end up side by side are a head's row i and its row "
+        f"i + d_head/2; {_ROPE_SECTION}.",
+        _ROPE_FIX,
+    ),
+    "whole matrix": Hint(
+        "you paired the two halves of all d_model rows at once. Each head has its own pairs, its dimension i with "
+        "its dimension i + d_head/2: the reordering happens inside every head.",
+        "give the rows a leading n_heads axis first: " + _ROPE_FIX,
+    ),
+    "columns": Hint(
+        "you reordered the columns, the projection's inputs. RoPE rotates its OUTPUTS, and nn.Linear stores its "
+        "weight as (out, in).",
+        "reorder the rows, the first axis: " + _ROPE_FIX,
+    ),
+    "unchanged": Hint(
+        "the weights are unchanged: the two layouts pair different dimensions, so the same weights give different "
+        f"scores (the chapter measured the difference); {_ROPE_SECTION}.",
+        _ROPE_FIX,
+    ),
 }
 
 
@@ -168,8 +243,11 @@ def check_rope_permutation(c: Checker, to_interleaved: Callable[[Tensor, int], T
             lambda w, n_heads: to_interleaved(w, n_heads),
             _convert(w, n_heads),
             bugs=bug_table(_ROPE_BUGS, _convert, w, n_heads),
-            hint="per head, the half-split rows are (x_0 .. x_{d/2-1}, y_0 .. y_{d/2-1}) and the interleaved ones "
-            "(x_0, y_0, x_1, y_1, ...): w.reshape(n_heads, 2, d_head // 2, ...).transpose(1, 2).reshape(w.shape).",
+            hint=Hint(
+                "per head, the half-split rows are (x_0 .. x_{d/2-1}, y_0 .. y_{d/2-1}) and the interleaved ones "
+                f"must be (x_0, y_0, x_1, y_1, ...); {_ROPE_SECTION}.",
+                _ROPE_FIX,
+            ),
             inputs={"w": w, "n_heads": n_heads},
         )
     # The end-to-end case: a half-split model's scores, and the library's RoPE on the converted projections.
@@ -200,6 +278,7 @@ def check_rope_permutation(c: Checker, to_interleaved: Callable[[Tensor, int], T
 
 # ---------------------------------------------------------------- Predict, then run: how far ALiBi's heads look
 
+_SHARE_SECTION = "reread 'Relative biases, briefly', where the bias is added to the scores"
 ALIBI_SHARE_SETUP = {"n_heads": 8, "T": 64, "last": 5}
 """8 heads (slopes 1/2 .. 1/256), a query at the last of 64 positions, the share of its weight on the last 5 keys."""
 
@@ -225,21 +304,29 @@ def check_alibi_share(c: Checker, prediction: tuple[float, float]) -> None:
     for i, (head, expected) in enumerate(((0, steep), (n_heads - 1, flat))):
         s = slopes[head]
         r = math.exp(-s)
+        series = f"the last {last} keys hold (1 - r^{last}) / (1 - r^{T}) of the weight, r = e^(-s)"
         mistakes = (
             (
                 last / T,
-                f"{last}/{T} is a head with no penalty at all. The bias is added to the scores before the "
-                "softmax: it multiplies the weight of a key d positions back by e^(-s d).",
+                Hint(
+                    f"{last}/{T} is a head with no penalty at all. The bias is added to the scores before the "
+                    f"softmax, so it multiplies the weight of a key d positions back by e^(-s d): {_SHARE_SECTION}.",
+                    series + ".",
+                ),
             ),
             (
                 1 - r**last,
-                f"1 - e^(-{last} s) assumes endlessly many keys; there are {T}, so divide by the sum over "
-                f"them, 1 - e^(-{T} s), which matters when the slope is small.",
+                Hint(
+                    f"that share assumes endlessly many keys; there are {T}, which matters when the slope is small.",
+                    f"divide 1 - e^(-{last} s) by the sum over the {T} keys, 1 - e^(-{T} s): {series}.",
+                ),
             ),
             (
                 1 - r,
-                f"that is the newest key alone, 1 - e^(-s). The {last} newest keys hold 1 - e^(-{last} s) of an "
-                "endless sequence of keys.",
+                Hint(
+                    f"that is the share of the newest key alone; the question asks for the {last} newest.",
+                    f"the {last} newest keys of an endless sequence hold 1 - e^(-{last} s); with {T} keys, {series}.",
+                ),
             ),
         )
         c.case(
@@ -247,8 +334,11 @@ def check_alibi_share(c: Checker, prediction: tuple[float, float]) -> None:
             lambda i=i: prediction[i],
             expected,
             bugs=tuple(Bug(lambda value=value: value, why) for value, why in mistakes),
-            hint=f"the weights are proportional to e^(-s d) for the key d = 0 .. {T - 1} positions back, a "
-            f"geometric series with ratio r = e^(-s): the last {last} keys hold (1 - r^{last}) / (1 - r^{T}).",
+            hint=Hint(
+                f"the weight of the key d = 0 .. {T - 1} positions back is proportional to e^(-s d): the weights "
+                f"form a geometric series; {_SHARE_SECTION}.",
+                series + ".",
+            ),
             error_hint=two_numbers,
             atol=atol,
         )
@@ -278,30 +368,76 @@ def _alibi(n_heads: int, T_q: int, T_k: int, *, bug: str = "") -> Tensor:
     return bias.masked_fill(j > i, -math.inf) if bug == "causal" else bias
 
 
+_ALIBI_SECTION = "reread 'Relative biases, briefly'"
+_ALIBI_SLOPES_FIX = (
+    "for n' = 2^floor(log2 n): [2^(-8 (h+1) / n') for h < n'] + [2^(-8 (h+1) / (2 n')) for h < 2 n'][0::2][: n - n']"
+)
 _ALIBI_BUGS = {  # bug -> hint, for _alibi(..., bug=bug)
-    "geometric": "2^(-8 (h+1) / n) for every n is the rule for a power of two only. For other head counts the "
-    "paper takes the slopes of the closest smaller power of two n', then every other slope of the "
-    "sequence for 2 n' for the heads left.",
-    "first": "the heads beyond n' take EVERY OTHER slope of the 2 n' sequence ([0::2]), the ones that fall "
-    "between the first n' slopes, not its first n - n' slopes.",
-    "odd": "[1::2] of the 2 n' sequence are the n' slopes again (duplicates); the new ones are [0::2].",
-    "eight": "2^-(h+1) are the slopes of 8 heads; for n heads the ratio between slopes is 2^(-8/n).",
-    "no offset": "the queries are the newest T_q positions, i = T_k - T_q + t, not 0 .. T_q - 1: with a cache "
-    "the new query comes after every cached key.",
-    "sign": "the bias is a penalty: -s_h (i - j), negative for keys in the past.",
-    "causal": "return the bias alone: the entries with j > i stay -s_h (i - j) (positive); the causal mask "
-    "hides them separately.",
+    "geometric": Hint(
+        "your slopes follow the rule for a power of two, which this number of heads is not. For other head counts "
+        f"the paper starts from the closest smaller power of two; {_ALIBI_SECTION}.",
+        _ALIBI_SLOPES_FIX + ".",
+    ),
+    "first": Hint(
+        "the heads beyond n' take slopes that fall BETWEEN the first n' slopes, every other one of the 2 n' "
+        "sequence, starting with its first: not that sequence's first n - n' slopes.",
+        _ALIBI_SLOPES_FIX + ".",
+    ),
+    "odd": Hint(
+        "your extra slopes are some of the first n' slopes again (duplicates): every other slope of the 2 n' "
+        "sequence starting with its SECOND is the n' sequence itself.",
+        "take [0::2] of the 2 n' sequence, not [1::2]: " + _ALIBI_SLOPES_FIX + ".",
+    ),
+    "eight": Hint(
+        f"those are the slopes of 8 heads; for n heads the ratio between neighbouring slopes is 2^(-8/n) "
+        f"({_ALIBI_SECTION}).",
+        _ALIBI_SLOPES_FIX + ".",
+    ),
+    "no offset": Hint(
+        "your queries sit at positions 0 .. T_q - 1. With a cache, the T_q new queries are the newest positions, "
+        "after every cached key.",
+        "the query positions are i = torch.arange(T_k - T_q, T_k)[:, None].",
+    ),
+    "sign": Hint("your bias is a bonus: it must be a penalty, negative for the keys in the past.", "-s_h (i - j)."),
+    "causal": Hint(
+        "you hid the future keys yourself; return the bias alone, the causal mask hides them separately.",
+        "leave the entries j > i as -s_h (i - j), positive.",
+    ),
 }
+_LIBRARY = ("alibi_bias", "alibi_slopes", "ALiBi")
+
+
+def names_used(function: Any) -> set[str]:
+    """The global and attribute names that ``function``'s code refers to, nested functions included (empty for
+    anything without code): how a checker tells an answer that calls the function it should write."""
+    code = getattr(inspect.unwrap(function), "__code__", None) if callable(function) else None
+    names: set[str] = set()
+    stack = [code] if isinstance(code, CodeType) else []
+    while stack:
+        code = stack.pop()
+        names.update(code.co_names)
+        stack.extend(const for const in code.co_consts if isinstance(const, CodeType))
+    return names
 
 
 @checker
 def check_alibi(c: Checker, alibi: Callable[[int, int, int], Tensor]) -> None:
     """Check ``alibi(n_heads, T_q, T_k) -> bias``: ALiBi's bias -s_h (i - j) for the T_q newest queries of a
     sequence of T_k positions (query t at position i = T_k - T_q + t, key j = 0 .. T_k - 1), with the slopes s_h of
-    Press et al. for any number of heads; the entries j > i are left as they are (the causal mask hides them).
+    Press et al. for any number of heads, built with torch alone; the entries j > i are left as they are (the
+    causal mask hides them).
 
     Shapes: returns (n_heads, T_q, T_k).
     """
+    used = sorted(names_used(alibi) & set(_LIBRARY))
+    if used:  # a case only when it fails: an answer written with torch alone gets no line for it
+        c.case(
+            "built with torch alone, without the library's ALiBi",
+            lambda: used,
+            [],
+            hint="the exercise asks you to build the bias yourself: the library's functions are what the checker "
+            "compares your bias with.",
+        )
     for name, n_heads, T_q, T_k in (
         ("8 heads, T_q = T_k = 5 (the chapter's table)", 8, 5, 5),
         ("6 heads: not a power of two", 6, 4, 4),
@@ -313,7 +449,10 @@ def check_alibi(c: Checker, alibi: Callable[[int, int, int], Tensor]) -> None:
             lambda h=n_heads, q=T_q, k=T_k: alibi(h, q, k),
             alibi_bias(alibi_slopes(n_heads), T_q, T_k, offset=T_k - T_q),
             bugs=bug_table(_ALIBI_BUGS, _alibi, n_heads, T_q, T_k),
-            hint="slopes: for n' = 2^floor(log2 n), [2^(-8 (h+1) / n') for h < n'] plus [2^(-8 (h+1) / (2 n'))] "
-            "[0::2][: n - n']; i = arange(T_k - T_q, T_k)[:, None], j = arange(T_k)[None, :]; "
-            "bias = -slopes[:, None, None] * (i - j).",
+            hint=Hint(
+                "compare your slopes with the ones the chapter printed for 6 heads, and your table for 8 heads with "
+                f"the chapter's; {_ALIBI_SECTION}.",
+                _ALIBI_SLOPES_FIX + "; i = arange(T_k - T_q, T_k)[:, None], j = arange(T_k)[None, :]; "
+                "bias = -slopes[:, None, None] * (i - j).",
+            ),
         )

@@ -1,7 +1,7 @@
 """Chapter 5, norms and residuals: ``check_layer_norm_module`` (fix a video tutorial's LayerNorm class),
-``check_pre_ln_block`` (fix a "Pre-LN" block whose skip path carries the normalized x), ``check_stream_growth``
-(a prediction: the size of the residual stream after 48 Pre-LN blocks) and ``check_running_stats``
-(BatchNorm's running statistics)."""
+``check_pre_ln_block`` (fix a Pre-LN layer whose residual dropout drops the residual stream itself),
+``check_stream_growth`` (a prediction: the size of the residual stream after 48 Pre-LN blocks) and
+``check_running_stats`` (BatchNorm's running statistics)."""
 
 from __future__ import annotations
 
@@ -15,27 +15,61 @@ from torch import Tensor, nn
 from ...attention import MultiHeadAttention
 from ...layers import FeedForward
 from ...norms import LayerNorm
-from ._framework import Bug, Checker, bug_table, checker
+from ._framework import Bug, Checker, Hint, bug_table, checker
 
 __all__ = ["check_layer_norm_module", "check_pre_ln_block", "check_stream_growth", "check_running_stats"]
+
+ANSWER_MARKERS: dict[str, tuple[str, ...]] = {  # exercise label -> what gives its answer away
+    "ex-fix-layer-norm": ("torch.ones(features)", "torch.zeros(features)", "one number each"),
+    "ex-pre-ln-block": ("x + dropout(attention(norm1(x)))", "dropout(attention(norm1(x)))", "dropout(ff(norm2(x)))"),
+    "ex-stream-growth": ("= 56", "8 \\sqrt{49}", "8 sqrt(", "64 + 48 \\cdot 64"),
+    "ex-running-stats": ("(1 - momentum) * running_mean", "momentum * batch_mean", "weight of the new batch"),
+    "ex-final-norm": ("nothing rescales that sum", "already normalized", "the logits' scale"),
+}
 
 
 # ---------------------------------------------------------------- Spot the bug: a tutorial's LayerNorm module
 
-_SCALAR_HINT = (
-    "alpha and bias hold one number each (torch.ones(1)), so every feature gets the same gain and shift and an "
-    "nn.LayerNorm's weight and bias, one per feature, cannot be loaded. Take the number of features in __init__ "
-    "and make them nn.Parameter(torch.ones(features)) and nn.Parameter(torch.zeros(features))."
+LAYER_NORM_STARTER = """\
+class LayerNormalization(nn.Module):  # find and fix the bugs
+
+    def __init__(self, eps: float = 10**-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.alpha = nn.Parameter(torch.ones(1))  # alpha is a learnable parameter
+        self.bias = nn.Parameter(torch.zeros(1))  # bias is a learnable parameter
+
+    def forward(self, x):  # x: (batch, seq_len, hidden_size)
+        mean = x.mean(dim=-1, keepdim=True)  # (batch, seq_len, 1)
+        std = x.std(dim=-1, keepdim=True)  # (batch, seq_len, 1)
+        return self.alpha * (x - mean) / (std + self.eps) + self.bias
+"""
+"""The exercise's starter cell: answered with this class unchanged, the check says "not answered yet"."""
+
+_LN_SECTION = "reread 'LayerNorm and RMSNorm by hand' and the warning after it"
+_SCALAR_HINT = Hint(
+    "alpha and bias hold one number each, so every feature gets the same gain and shift, and an nn.LayerNorm's "
+    "weight and bias, one per feature, cannot be loaded into them: the gain and shift of 'Three norms, three sets "
+    "of axes' are per feature.",
+    "take the number of features in __init__ and make them nn.Parameter(torch.ones(features)) and "
+    "nn.Parameter(torch.zeros(features)).",
 )
-
-
-_LAYER_NORM_BUGS = {  # bug -> hint, for _wrong_layer_norm(..., bug=bug)
-    "unbiased": "x.std(dim=-1) is the unbiased standard deviation, dividing by d - 1; LayerNorm divides by d: "
+_UNBIASED = Hint(
+    f"x.std divides by d - 1 (the unbiased standard deviation), LayerNorm by d; {_LN_SECTION}.",
     "x.var(dim=-1, keepdim=True, unbiased=False).",
-    "eps outside": "eps belongs inside the square root: (x - mean) / sqrt(var + eps), not (x - mean) / (std + eps). "
-    "It matters where the features barely differ.",
-    "both": "both classic bugs are still there: x.std is unbiased (it divides by d - 1, LayerNorm by d), and eps is "
-    "added outside the square root. Use (x - mean) / sqrt(x.var(dim=-1, keepdim=True, unbiased=False) + eps).",
+)
+_OUTSIDE = Hint(
+    f"eps is added outside the square root, which matters where the features barely differ; {_LN_SECTION}.",
+    "(x - mean) / sqrt(var + eps), not (x - mean) / (std + eps).",
+)
+_LAYER_NORM_BUGS = {  # bug -> hint, for _wrong_layer_norm(..., bug=bug)
+    "unbiased": _UNBIASED,
+    "eps outside": _OUTSIDE,
+    "both": Hint(
+        "both of the tutorial's forward bugs are still there: the standard deviation divides by d - 1, LayerNorm "
+        f"by d, and eps sits outside the square root; {_LN_SECTION}.",
+        "(x - mean) / sqrt(x.var(dim=-1, keepdim=True, unbiased=False) + eps).",
+    ),
 }
 
 
@@ -73,18 +107,21 @@ def _parameter_shapes(make: Callable[..., Any], features: int) -> str:
     return f"alpha {tuple(module.alpha.shape)}, bias {tuple(module.bias.shape)}"
 
 
-def _layer_norm_error_hint(e: Exception) -> str:
+def _layer_norm_error_hint(e: Exception) -> Hint | str:
     text = str(e)
     if isinstance(e, AttributeError) and ("alpha" in text or "bias" in text):
         return "keep the tutorial's parameter names, alpha (the gain) and bias (the shift): the checker loads them."
     if isinstance(e, RuntimeError) and ("shape" in text or "size" in text):
         return _SCALAR_HINT
     if isinstance(e, TypeError) and "argument" in text:
-        return "the checker builds LayerNormalization(features, eps=...): the number of features first, then eps."
+        return Hint(
+            "the checker builds your class with the number of features first, then eps.",
+            "def __init__(self, features: int, eps: float = 10**-6).",
+        )
     return ""
 
 
-@checker
+@checker(starter=LAYER_NORM_STARTER)
 def check_layer_norm_module(c: Checker, layer_norm_class: Callable[..., nn.Module]) -> None:
     """Check ``layer_norm_class``, a LayerNorm module class: ``layer_norm_class(features, eps=...)`` must equal
     ``nn.LayerNorm(features, eps=eps)``, with its gain and shift named ``alpha`` and ``bias``.
@@ -108,7 +145,7 @@ def check_layer_norm_module(c: Checker, layer_norm_class: Callable[..., nn.Modul
                 lambda features: _parameter_shapes(layer_norm_class, features),
                 f"alpha ({d},), bias ({d},)",
                 bugs=(Bug(lambda: "alpha (1,), bias (1,)", _SCALAR_HINT),),
-                hint="alpha = nn.Parameter(torch.ones(features)), bias = nn.Parameter(torch.zeros(features)).",
+                hint=_SCALAR_HINT,
                 error_hint=_layer_norm_error_hint,
                 inputs={"features": d},
             )
@@ -119,14 +156,23 @@ def check_layer_norm_module(c: Checker, layer_norm_class: Callable[..., nn.Modul
             ),
             F.layer_norm(x, (d,), w, b, eps),
             bugs=bug_table(_LAYER_NORM_BUGS, _wrong_layer_norm, x, w, b, eps),
-            hint="normalize each position over its last axis: alpha * (x - mean) / sqrt(var + eps) + bias, with the "
-            "biased variance.",
+            hint=Hint(
+                f"each position is normalized over its own features, the last axis; {_LN_SECTION}.",
+                "alpha * (x - mean) / sqrt(var + eps) + bias, with the biased variance.",
+            ),
             error_hint=_layer_norm_error_hint,
             inputs={"x": x, "weight": w, "bias": b},
         )
 
 
-# ---------------------------------------------------------------- Spot the bug: a "Pre-LN" block
+# ---------------------------------------------------------------- Spot the bug: residual dropout in a Pre-LN layer
+
+PRE_LN_STARTER = """\
+def pre_ln_block(x, attention, ff, norm1, norm2, dropout):  # find and fix the bug
+    x = dropout(x + attention(norm1(x)))  # residual dropout
+    return dropout(x + ff(norm2(x)))
+"""
+"""The exercise's starter cell: answered with this code unchanged, the check says "not answered yet"."""
 
 
 class _CausalSelfAttention(nn.Module):
@@ -140,69 +186,116 @@ class _CausalSelfAttention(nn.Module):
         return self.mha(h, h, h, is_causal=True)
 
 
-def _pre_ln(x: Tensor, attention: nn.Module, ff: nn.Module, norm1: nn.Module, norm2: nn.Module, *, bug: str = ""):
-    """Two Pre-LN blocks, x + attention(norm1(x)) then x + ff(norm2(x)), or one of their wrong versions
-    (:data:`_PRE_LN_BUGS`). Shapes: x (B, T, d_model) -> (B, T, d_model)."""
+class _FixedDropout(nn.Module):
+    """``nn.Dropout(p)`` in training mode, but dropping the same entries at every call: a fixed mask, the kept
+    entries scaled by 1 / (1 - p), so that an answer's result can be compared. Shapes: h (B, T, d_model) -> same."""
+
+    def __init__(self, shape: tuple[int, ...], p: float, generator: torch.Generator) -> None:
+        super().__init__()
+        self.p = p
+        self.register_buffer("mask", (torch.rand(shape, generator=generator) >= p).float() / (1 - p))
+
+    def forward(self, h: Tensor) -> Tensor:
+        return h * self.mask
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}, the same entries dropped at every call"
+
+
+def _pre_ln(x: Tensor, attention: nn.Module, ff: nn.Module, norm1: nn.Module, norm2: nn.Module, dropout: nn.Module,
+            *, bug: str = "") -> Tensor:  # fmt: skip
+    """Two Pre-LN blocks with residual dropout, x + dropout(attention(norm1(x))) then x + dropout(ff(norm2(x))), or
+    one of their wrong versions (:data:`_PRE_LN_BUGS`). Shapes: x (B, T, d_model) -> (B, T, d_model)."""
     if bug == "Post-LN":
-        h = norm1(x + attention(x))
-        return norm2(h + ff(h))
-    if bug == "no residual":
-        return ff(norm2(attention(norm1(x))))
-    if bug == "norm after":
-        h = x + norm1(attention(x))
-        return h + norm2(ff(h))
+        h = norm1(x + dropout(attention(x)))
+        return norm2(h + dropout(ff(h)))
 
-    def block(h: Tensor, f: nn.Module, norm: nn.Module, skip_normalized: bool) -> Tensor:
-        n = norm(h)
-        return (n if skip_normalized else h) + f(n)  # the bug: norm(h) + f(norm(h))
+    def block(h: Tensor, f: nn.Module, norm: nn.Module, on_the_stream: bool) -> Tensor:
+        if on_the_stream:
+            return dropout(h + f(norm(h)))  # the bug: the sum, the stream h included, is dropped
+        if bug == "no dropout":
+            return h + f(norm(h))
+        if bug == "before the sublayer":
+            return h + f(dropout(norm(h)))
+        return h + dropout(f(norm(h)))
 
-    h = block(x, attention, norm1, bug in ("both blocks", "attention block"))
-    return block(h, ff, norm2, bug in ("both blocks", "feed-forward block"))
+    h = block(x, attention, norm1, bug in ("on the stream", "feed-forward block"))
+    return block(h, ff, norm2, bug in ("on the stream", "attention block"))
 
 
+_PRE_LN_SECTION = "reread 'Post-LN and Pre-LN': in Pre-LN the skip path is a clean sum"
+_PRE_LN_FIX = "x = x + dropout(attention(norm1(x))), then return x + dropout(ff(norm2(x)))"
 _PRE_LN_BUGS = {  # bug -> hint, for _pre_ln(..., bug=bug)
-    "both blocks": "the skip path carries the normalized x: h = norm1(x) followed by h + attention(h) (or "
-    "x = norm1(x); x = x + attention(x)) adds the sublayer's output to norm1(x), so the block forgets the "
-    "residual stream it was given. Keep x and add to it: x = x + attention(norm1(x)), then x + ff(norm2(x)).",
-    "feed-forward block": "the attention block is fixed, the feed-forward block is not: its skip path still carries "
-    "norm2(x). Return x + ff(norm2(x)).",
-    "attention block": "the feed-forward block is fixed, the attention block is not: its skip path still carries "
-    "norm1(x). Use x = x + attention(norm1(x)).",
-    "Post-LN": "this is Post-LN, the paper's order norm(x + sublayer(x)); Pre-LN normalizes the sublayer's input "
-    "only: x + sublayer(norm(x)).",
-    "no residual": "the residual connections are missing: each block adds its sublayer's output to its input x.",
-    "norm after": "the norms are applied to the sublayers' outputs; Pre-LN normalizes their inputs: "
-    "x + sublayer(norm(x)).",
+    "on the stream": Hint(
+        "in training, your dropout zeroes entries of the residual stream itself, x included: the skip path no "
+        "longer carries x untouched, and each block throws away part of what every earlier block wrote (in "
+        f"evaluation mode, where dropout does nothing, the layer is right); {_PRE_LN_SECTION}.",
+        "drop only what the sublayer adds, before adding it: " + _PRE_LN_FIX + ".",
+    ),
+    "attention block": Hint(
+        "the attention block is fixed; the feed-forward block still drops the residual stream itself.",
+        "return x + dropout(ff(norm2(x))).",
+    ),
+    "feed-forward block": Hint(
+        "the feed-forward block is fixed; the attention block still drops the residual stream itself.",
+        "x = x + dropout(attention(norm1(x))).",
+    ),
+    "no dropout": Hint(
+        "your layer applies no dropout: it equals the layer in evaluation mode, but in training each sublayer's "
+        "output must be dropped.",
+        _PRE_LN_FIX + ".",
+    ),
+    "before the sublayer": Hint(
+        "you drop the sublayer's input; residual dropout drops its output, what the block adds to the stream.",
+        _PRE_LN_FIX + ".",
+    ),
+    "Post-LN": Hint(
+        "this is Post-LN, with the norm after the addition; Pre-LN normalizes the sublayer's input only; "
+        f"{_PRE_LN_SECTION}.",
+        _PRE_LN_FIX + ".",
+    ),
 }
 
 
-@checker
+@checker(starter=PRE_LN_STARTER)
 def check_pre_ln_block(c: Checker, pre_ln_block: Callable[..., Tensor]) -> None:
-    """Check ``pre_ln_block(x, attention, ff, norm1, norm2)``: two Pre-LN residual blocks,
-    ``x = x + attention(norm1(x))`` then ``x + ff(norm2(x))``.
+    """Check ``pre_ln_block(x, attention, ff, norm1, norm2, dropout)``: two Pre-LN residual blocks with residual
+    dropout, ``x = x + dropout(attention(norm1(x)))`` then ``x + dropout(ff(norm2(x)))``.
 
-    ``attention`` (causal self-attention), ``ff`` (a feed-forward network), ``norm1`` and ``norm2`` (LayerNorms)
-    are modules mapping (B, T, d_model) to the same shape. Shapes: x (B, T, d_model) -> (B, T, d_model).
+    ``attention`` (causal self-attention), ``ff`` (a feed-forward network), ``norm1`` and ``norm2`` (LayerNorms) and
+    ``dropout`` are modules mapping (B, T, d_model) to the same shape; the cases pass an ``nn.Dropout`` in evaluation
+    mode, then dropouts that drop the same entries at every call. Shapes: x (B, T, d_model) -> (B, T, d_model).
     """
     torch.manual_seed(7)  # @checker restores the reader's random state afterwards
-    for name, (B, T, d) in (("one sequence, d_model=8", (1, 4, 8)), ("a batch of 3, d_model=16", (3, 5, 16))):
+    g = torch.Generator().manual_seed(7)
+    for name, (B, T, d), p in (
+        ("dropout off (nn.Dropout in evaluation mode), one sequence, d_model=8", (1, 4, 8), 0.0),
+        ("dropout p=0.25 in training, one sequence, d_model=8", (1, 4, 8), 0.25),
+        ("dropout p=0.1 in training, a batch of 3, d_model=16", (3, 5, 16), 0.1),
+    ):
         attention, ff = _CausalSelfAttention(d, 2), FeedForward(d, 4 * d, activation="gelu")
         norm1, norm2 = LayerNorm(d), LayerNorm(d)
         with torch.no_grad():
             for norm in (norm1, norm2):
                 norm.weight.normal_(1.0, 0.3)
                 norm.bias.normal_(0.0, 0.3)
-        x = torch.randn(B, T, d) * 4 + 1  # far from normalized, so a normalized skip path shows
+        dropout = _FixedDropout((B, T, d), p, g) if p else nn.Dropout(0.1).eval()
+        x = torch.randn(B, T, d) * 4 + 1  # far from normalized, so a normalized or dropped skip path shows
+        modules = (attention, ff, norm1, norm2, dropout)
         with torch.no_grad():
-            expected = _pre_ln(x, attention, ff, norm1, norm2)
+            expected = _pre_ln(x, *modules)
         c.case(
             name,
-            lambda x, attention, ff, norm1, norm2: pre_ln_block(x, attention, ff, norm1, norm2),
+            lambda x, attention, ff, norm1, norm2, dropout: pre_ln_block(x, attention, ff, norm1, norm2, dropout),
             expected,
-            bugs=bug_table(_PRE_LN_BUGS, _pre_ln, x, attention, ff, norm1, norm2),
-            hint="x = x + attention(norm1(x)), then return x + ff(norm2(x)): the norm sits on the branch only.",
+            bugs=bug_table(_PRE_LN_BUGS, _pre_ln, x, *modules),
+            hint=Hint(
+                "each block adds its sublayer's output, dropped in training, to the stream it was given, which "
+                f"passes through untouched; {_PRE_LN_SECTION}.",
+                _PRE_LN_FIX + ".",
+            ),
             atol=1e-4,
-            inputs={"x": x, "attention": attention, "ff": ff, "norm1": norm1, "norm2": norm2},
+            inputs={"x": x, "attention": attention, "ff": ff, "norm1": norm1, "norm2": norm2, "dropout": dropout},
         )
 
 
@@ -250,14 +343,21 @@ def check_stream_growth(c: Checker, prediction: float) -> None:
             ),
             Bug(
                 lambda: start + L * d**0.5,
-                f"you added the norms: {L} vectors of norm sqrt({d}) in a row would give that only if they all "
-                "pointed the same way. Each one points in a direction independent of the stream, so it is the "
-                "SQUARES of the norms that add up (Pythagoras).",
+                Hint(
+                    f"you added the norms: {L} vectors of norm sqrt({d}) in a row would give that only if they all "
+                    "pointed the same way. Each one points in a direction independent of the stream, so it is the "
+                    "SQUARES of the norms that add up (Pythagoras).",
+                    f"||x_L||² ≈ ||x_0||² + L · {d}.",
+                ),
             ),
         ),
-        hint=f"each block adds LN(x) Q_l. LN's output has mean 0 and variance 1 over its {d} features, so its norm "
-        f"is sqrt({d}) = {d**0.5:g}, and the orthogonal Q_l keeps it. Q_l is random, so the added vector is nearly "
-        f"orthogonal to x: ||x + v||² ≈ ||x||² + ||v||². After L blocks, ||x||² ≈ ||x_0||² + L · {d}.",
+        hint=Hint(
+            f"each block adds LN(x) Q_l. What is the norm of a vector of {d} features with mean 0 and variance 1, "
+            "and how does the norm of a sum grow when the added vector points in a direction independent of x? "
+            "Reread 'The residual stream: growing or renormalized'.",
+            f"LN(x) Q_l has norm sqrt({d}) = {d**0.5:g} and is nearly orthogonal to x: ||x + v||² ≈ ||x||² + ||v||², "
+            f"so after L blocks ||x||² ≈ ||x_0||² + L · {d}.",
+        ),
         atol=5.0,
     )
 
@@ -280,17 +380,29 @@ _RUNNING_STATS_CASES = (  # (name, x's shape (B, T, d_model), statistics from ea
     ("B=2, T=3, d_model=16, statistics from earlier batches, momentum 0.3", (2, 3, 16), True, 0.3),
     ("a single sequence, B=1, T=6, d_model=4, momentum 0.1", (1, 6, 4), True, 0.1),
 )
+_RUNNING_STATS_FORMULA = "new = (1 - momentum) * running + momentum * batch"
 _RUNNING_STATS_BUGS = {  # bug -> hint, for _running_stats(..., bug=bug)
-    "biased": "running_var keeps the UNBIASED variance of the batch (dividing by n - 1, n = B·T values per "
-    "feature), although BatchNorm normalizes the batch itself with the biased one: x.var(dim=(0, 1)).",
-    "momentum swapped": "BatchNorm's momentum is the weight of the NEW batch, the opposite of an optimizer's "
-    "momentum: new = (1 - momentum) * running + momentum * batch.",
-    "batch stats": "these are the batch's own statistics: the running ones only move towards them, "
-    "new = (1 - momentum) * running + momentum * batch.",
+    "biased": Hint(
+        "your running variance is the variance BatchNorm normalizes the batch with; the running average keeps "
+        "another one, an estimate of the variance of all the data, which a batch's own variance underestimates. "
+        "Compare with an nn.BatchNorm1d's running_var.",
+        "the unbiased x.var(dim=(0, 1)), dividing by n - 1 with n = B·T values per feature.",
+    ),
+    "momentum swapped": Hint(
+        "your average weighs the old and the new statistics the other way round: BatchNorm's momentum is not an "
+        "optimizer's. Try momentum=1.0 on an nn.BatchNorm1d and see what its running_mean becomes.",
+        "momentum is the weight of the NEW batch: " + _RUNNING_STATS_FORMULA + ".",
+    ),
+    "batch stats": Hint(
+        "these are the batch's own statistics: the running ones only move towards them, by a share that momentum sets.",
+        _RUNNING_STATS_FORMULA + ".",
+    ),
 }
-_PER_FEATURE_HINT = (
-    "the running statistics hold one number per feature, shape (d_model,): BatchNorm averages each feature over "
-    "the batch AND the positions, x.mean(dim=(0, 1)), not over the features (LayerNorm's axis) nor over B alone."
+_PER_FEATURE_HINT = Hint(
+    "the running statistics hold one number per feature, shape (d_model,): BatchNorm averages each feature over the "
+    "batch AND the positions, not over the features (LayerNorm's axis) nor over B alone; reread 'Three norms, three "
+    "sets of axes'.",
+    "x.mean(dim=(0, 1)) and x.var(dim=(0, 1)).",
 )
 
 
@@ -324,8 +436,12 @@ def check_running_stats(c: Checker, update_running_stats: Callable[..., tuple[Te
             lambda x, running_mean, running_var, momentum: update_running_stats(x, running_mean, running_var, momentum),
             _batch_norm_stats(x, mean0, var0, momentum),
             bugs=bug_table(_RUNNING_STATS_BUGS, _running_stats, x, mean0, var0, momentum),
-            hint="one statistic per feature, over B and T: new_mean = (1 - momentum) * running_mean + momentum * "
-            "x.mean(dim=(0, 1)), and the same for the variance with the unbiased x.var(dim=(0, 1)).",
+            hint=Hint(
+                "one statistic per feature, over B and T, moved towards the batch's own by a share that momentum "
+                "sets; find out on an nn.BatchNorm1d which variance it keeps.",
+                "new_mean = (1 - momentum) * running_mean + momentum * x.mean(dim=(0, 1)), and the same for the "
+                "variance with the unbiased x.var(dim=(0, 1)).",
+            ),
             error_hint=lambda e: _PER_FEATURE_HINT if "size" in str(e) or "shape" in str(e) else "",
             inputs={"x": x, "running_mean": mean0, "running_var": var0, "momentum": momentum},
         )

@@ -1,6 +1,6 @@
-"""Chapter 6, encoder-decoder: ``check_teacher_forcing_loss`` (fix a training loss whose decoder reads the
-source), ``check_smoothed_loss`` (a prediction: the label-smoothed loss of a sure, right prediction),
-and ``check_beam_step`` (one step of beam search for a whole batch)."""
+"""Chapter 6, encoder-decoder: ``check_greedy_batch`` (fix a greedy decoder that stops a whole batch at the first
+``<eos>``), ``check_smoothed_loss`` (a prediction: the label-smoothed loss of a sure, right prediction), and
+``check_beam_step`` (one step of beam search for a whole batch)."""
 
 from __future__ import annotations
 
@@ -9,109 +9,178 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
-from ...models import Seq2SeqTransformer
-from ...tasks import ALPHABETS, BOS, EOS, PAD, Seq2SeqTokenizer, seq2seq_loss
-from ._framework import Bug, Checker, bug_table, checker
+from ...tasks import ALPHABETS, BOS, EOS, PAD, Seq2SeqTokenizer
+from ._framework import Bug, Checker, Hint, bug_table, checker
+from .ch04_positional_encoding import names_used
 
-__all__ = ["check_teacher_forcing_loss", "check_smoothed_loss", "check_beam_step"]
+__all__ = ["check_greedy_batch", "check_smoothed_loss", "check_beam_step"]
 
-
-# ---------------------------------------------------------------- Spot the bug: a decoder that reads the source
-
-_SOURCE_FED_FIX = "The decoder reads the target shifted right: model.decode(tgt[:, :-1], memory, src)."
-_SOURCE_FED_HINT = (
-    "the decoder reads the source: model.decode(src, ...) embeds the source tokens on the decoder side, so the "
-    "target never enters the model and nothing is teacher-forced (its output is then cut to T positions 'so that "
-    "the shapes fit'). " + _SOURCE_FED_FIX
-)
-
-
-def _wrong_loss(model: Seq2SeqTransformer, src: Tensor, tgt: Tensor, *, bug: str) -> Tensor:
-    """The teacher-forced loss with one of the mistakes of :data:`_TEACHER_FORCING_BUGS`."""
-    labels = tgt[:, 1:]
-    if bug == "source fed":  # its output cut to the labels' length "so that the shapes fit"
-        logits = model.decode(src, model.encode(src), src)[:, : labels.shape[1]]
-    else:
-        decoder_input, labels = {
-            "no shift": (tgt, tgt),
-            "wrong way": (tgt[:, 1:], tgt[:, :-1]),
-            "labels = input": (tgt[:, :-1], tgt[:, :-1]),
-            "padding counted": (tgt[:, :-1], tgt[:, 1:]),
-        }[bug]
-        logits = model(src, decoder_input)
-    ignore_index = -100 if bug == "padding counted" else PAD
-    return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=ignore_index)
-
-
-_TEACHER_FORCING_BUGS = {  # bug -> hint, for _wrong_loss(..., bug=bug)
-    "source fed": _SOURCE_FED_HINT,
-    "no shift": "no shift: the decoder reads the very token it has to predict and learns to copy it. Feed "
-    "tgt[:, :-1] and predict tgt[:, 1:].",
-    "wrong way": "shifted the wrong way: the decoder's input starts with <bos> (tgt[:, :-1]) and the labels are "
-    "the same sequence one step ahead (tgt[:, 1:]).",
-    "labels = input": "the labels equal the decoder's input: position t must predict the NEXT token, tgt[:, 1:].",
-    "padding counted": "the padding labels count in the loss: pass ignore_index=PAD to the cross-entropy.",
+ANSWER_MARKERS: dict[str, tuple[str, ...]] = {  # exercise label -> what gives its answer away
+    "ex-greedy-batch": ("masked_fill(finished", "finished.all()", "masked_fill(done", "done.all()", "cut short"),
+    "ex-label-smoothing": ("1.95", "= 2.0", "(v - 1) / v * 20", "\\frac{v-1}{v} \\cdot 20"),
+    "ex-beam-step": ("view(b, n * v)", "* n + index // v", "row b * n + j"),
+    "ex-longer": ("random offset", "keep the long formats", "train on the lengths you need"),
 }
-_TEACHER_FORCING_CASES = (  # (name, src (B, S), tgt (B, T + 1))
-    (
-        "sources longer than their targets (as in the dates task), padded",
-        [[5, 6, 7, 8, 9, 10, 11, 3, 4], [4, 4, 9, 3, 5, 0, 0, 0, 0], [7, 8, 9, 10, 0, 0, 0, 0, 0]],
-        [[BOS, 3, 4, 5, EOS], [BOS, 6, 7, 8, EOS], [BOS, 9, 10, 11, EOS]],
+
+
+# ---------------------------------------------------------------- Spot the bug: greedy decoding for a batch
+
+GREEDY_STARTER = """\
+@torch.no_grad()
+def greedy_batch(model, src, max_len):  # find and fix the bug
+    B = src.shape[0]
+    memory = model.encode(src)  # (B, S, d_model), once
+    out = src.new_full((B, 1), BOS)  # (B, 1): every row starts with <bos>
+    for _ in range(max_len):
+        next_id = model.decode(out, memory, src)[:, -1].argmax(-1)  # (B,) each row's most likely next token
+        out = torch.cat((out, next_id.unsqueeze(1)), 1)
+        if (next_id == EOS).any():  # stop at <eos>
+            break
+    return out
+"""
+"""The exercise's starter cell: answered with this code unchanged, the check says "not answered yet"."""
+
+_AFTER = 3  # what the stand-in model writes once it has written its <eos>
+
+
+class _CopyModel(nn.Module):
+    """A stand-in for a trained :class:`~transformer_lib.Seq2SeqTransformer` whose output is its source: at target
+    position t it is sure of the source's t-th token while there is one, then of ``<eos>``, then of a token
+    (:data:`_AFTER`) that greedy decoding must replace by padding. Its rows end at different steps when its sources
+    have different lengths. It has the model's ``encode``, ``decode`` (with ``caches``, then ``tgt`` holds the new
+    tokens only), ``forward`` and ``new_caches``. Shapes: src (B, S), tgt (B, T) -> logits (B, T, vocab_size)."""
+
+    pad_id = PAD
+
+    def __init__(self, vocab_size: int = 12) -> None:
+        super().__init__()
+        self.vocab_size = vocab_size
+
+    def encode(self, src: Tensor) -> Tensor:
+        return F.one_hot(src, self.vocab_size).float()  # (B, S, vocab_size): the "memory"
+
+    def decode(self, tgt: Tensor, memory: Tensor, src: Tensor, caches: list[dict[str, int]] | None = None) -> Tensor:
+        offset = caches[0]["length"] if caches else 0
+        if caches:
+            caches[0]["length"] += tgt.shape[1]
+        t = torch.arange(offset, offset + tgt.shape[1], device=tgt.device)  # (T,) the target positions
+        S = src.shape[1]
+        copied = src.gather(1, t.clamp(max=S - 1).expand(src.shape[0], -1))  # (B, T) the source's t-th token
+        n = (src != PAD).sum(1, keepdim=True)  # (B, 1) each source's length
+        after = torch.where(t == n, EOS, _AFTER)  # (B, T)
+        return 10.0 * F.one_hot(torch.where(t < n, copied, after), self.vocab_size).float()
+
+    def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
+        return self.decode(tgt, self.encode(src), src)
+
+    def new_caches(self) -> list[dict[str, int]]:
+        return [{"length": 0}]
+
+
+@torch.no_grad()
+def _greedy_batch(model: nn.Module, src: Tensor, max_len: int, *, bug: str = "") -> Tensor:
+    """Greedy decoding of a batch, or one of the wrong loops of :data:`_GREEDY_BUGS`: the starter's "first eos"
+    (the batch stops at its first <eos>), "this step" (it stops when every row writes <eos> at the same step),
+    "no padding" (a finished row keeps writing), "eos padded" (a row's <eos> itself is padded), "never stops".
+    Shapes: src (B, S) -> (B, <= max_len + 1)."""
+    memory = model.encode(src)
+    ys = torch.full((src.shape[0], 1), BOS, device=src.device)
+    done = torch.zeros(src.shape[0], dtype=torch.bool, device=src.device)
+    for _ in range(max_len):
+        next_id = model.decode(ys, memory, src)[:, -1].argmax(-1)  # (B,)
+        if bug == "eos padded":
+            done |= next_id == EOS
+        if bug not in ("no padding", "this step", "first eos"):
+            next_id = next_id.masked_fill(done, PAD)
+        ys = torch.cat([ys, next_id[:, None]], dim=1)
+        done |= next_id == EOS
+        stop = {"first eos": (next_id == EOS).any(), "this step": (next_id == EOS).all(), "never stops": False}
+        if stop.get(bug, done.all()):
+            break
+    return ys
+
+
+_DECODING = "reread 'Decoding' and the output convention of greedy_decode: <pad> after a row's <eos>"
+_GREEDY_FIX = (
+    "keep a mask of the finished rows, done = torch.zeros(B, dtype=torch.bool); at each step next_id = "
+    "next_id.masked_fill(done, PAD), append it, done |= next_id == EOS, and stop when done.all()"
+)
+_GREEDY_BUGS = {  # bug -> hint, for _greedy_batch(..., bug=bug)
+    "first eos": Hint(
+        "your loop stops the whole batch as soon as ONE row writes its <eos>: the rows that need more steps are "
+        "cut short. It is right only when every row of the batch ends at the same step.",
+        _GREEDY_FIX + ".",
     ),
-    (
-        "targets of different lengths: their padding must not count in the loss",
-        [[5, 6, 7, 8, 9, 10, 11, 3], [4, 4, 9, 3, 5, 6, 7, 0]],
-        [[BOS, 3, 4, 5, 6, 7, EOS], [BOS, 8, EOS, PAD, PAD, PAD, PAD]],
+    "this step": Hint(
+        "your loop stops only when every row writes <eos> at the same step; a row that finished earlier has moved "
+        f"on to other tokens, so the loop runs to max_len, and the finished rows keep writing; {_DECODING}.",
+        _GREEDY_FIX + ".",
     ),
-    ("targets longer than their sources", [[5, 6, 7, 8], [9, 10, 0, 0]],
-     [[BOS, 3, 4, 5, 6, 7, 8, EOS], [BOS, 9, 10, 11, 3, 4, 5, EOS]]),
+    "no padding": Hint(
+        f"a finished row keeps writing after its <eos>: each row must remember that it is done; {_DECODING}.",
+        "next_id = next_id.masked_fill(done, PAD) before appending it, with done the rows that wrote <eos> earlier.",
+    ),
+    "eos padded": Hint(
+        "a row's <eos> itself became <pad>: a row is done only AFTER the step that writes its <eos>.",
+        "pad with the rows done before this step (next_id.masked_fill(done, PAD)), then done |= next_id == EOS.",
+    ),
+    "never stops": Hint(
+        "your loop always runs max_len steps, adding columns of <pad> once every row is done: stop as soon as "
+        "every row has written its <eos>.",
+        "if done.all(): break, after done |= next_id == EOS.",
+    ),
+}
+_GREEDY_CASES = (  # (name, sources (B, S) padded with PAD, max_len)
+    ("a batch of one source", [[5, 6, 7, 8]], 8),
+    ("3 sources of one length: every row ends at the same step, as dates do", [[5, 6, 7], [8, 9, 10], [4, 4, 11]], 8),
+    ("3 sources of lengths 5, 2, 4: rows end at different steps",
+     [[5, 6, 7, 8, 9], [10, 4, 0, 0, 0], [7, 7, 8, 11, 0]], 8),
+    ("a row that does not end within max_len = 5", [[5, 6, 7, 8, 9, 10, 11], [9, 4, 0, 0, 0, 0, 0]], 5),
 )  # fmt: skip
+_LIBRARY_DECODERS = ("greedy_decode", "beam_search")
 
 
-def _teacher_forcing_error_hint(e: Exception) -> str:
-    text = str(e)
-    if "size" in text or "shape" in text or "match" in text:
-        return (
-            "the decoder gave fewer positions than there are labels: here the targets are longer than the sources, "
-            "and a decoder fed the source, decode(src, ...), has one position per SOURCE token. " + _SOURCE_FED_FIX
-        )
-    return ""
+@checker(starter=GREEDY_STARTER)
+def check_greedy_batch(c: Checker, greedy_batch: Callable[[nn.Module, Tensor, int], Tensor]) -> None:
+    """Check ``greedy_batch(model, src, max_len)``: greedy decoding of a batch, as
+    ``transformer_lib.decoding.greedy_decode(model, src, max_len, bos_id=BOS, eos_id=EOS)`` returns it (``<bos>``,
+    then each row's tokens up to its ``<eos>``, then ``<pad>``; stopping once every row has written ``<eos>``, or
+    after ``max_len`` tokens), with a loop of the answer's own.
 
-
-@checker
-def check_teacher_forcing_loss(c: Checker, teacher_forcing_loss: Callable[..., Tensor]) -> None:
-    """Check ``teacher_forcing_loss(model, src, tgt)``, the teacher-forced cross-entropy of a
-    :class:`~transformer_lib.Seq2SeqTransformer`: equal to ``transformer_lib.tasks.seq2seq_loss(model, (src, tgt))``.
-
-    ``tgt`` holds ``<bos>`` (1), the target tokens, ``<eos>`` (2) and padding (0). Shapes: src (B, S),
-    tgt (B, T + 1) -> a scalar.
+    The model is a stand-in that writes its source back, then ``<eos>``. Shapes: src (B, S) -> (B, <= max_len + 1).
     """
-    torch.manual_seed(6)  # @checker restores the reader's random state afterwards
-    V = 12
-    model = Seq2SeqTransformer(V, V, d_model=16, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=32,
-                               dropout=0.0, max_len=32).eval()  # fmt: skip
-    for name, src, tgt in _TEACHER_FORCING_CASES:
-        src, tgt = torch.tensor(src), torch.tensor(tgt)
-        with torch.no_grad():
-            expected = seq2seq_loss(model, (src, tgt))
+    used = sorted(names_used(greedy_batch) & set(_LIBRARY_DECODERS))
+    if used:  # a case only when it fails
+        c.case(
+            "a loop of your own, without the library's decoders",
+            lambda: used,
+            [],
+            hint="the exercise asks you to fix the loop: the library's decoder is what the checker compares it with.",
+        )
+    model = _CopyModel()
+    for name, src, max_len in _GREEDY_CASES:
+        src = torch.tensor(src)
         c.case(
             name,
-            lambda model, src, tgt: teacher_forcing_loss(model, src, tgt),
-            expected,
-            bugs=bug_table(_TEACHER_FORCING_BUGS, _wrong_loss, model, src, tgt),
-            hint="encode the source once, decode the target shifted right, tgt[:, :-1], and compare the logits "
-            "with tgt[:, 1:], ignoring padding: F.cross_entropy(logits.flatten(0, 1), tgt[:, 1:].flatten(), "
-            "ignore_index=PAD).",
-            error_hint=_teacher_forcing_error_hint,
-            atol=1e-4,
-            inputs={"model": model, "src": src, "tgt": tgt},
+            lambda model, src, max_len: greedy_batch(model, src, max_len),
+            _greedy_batch(model, src, max_len),
+            bugs=bug_table(_GREEDY_BUGS, _greedy_batch, model, src, max_len),
+            hint=Hint(
+                "each row ends at its own <eos>: after it the row holds <pad>, and the loop stops once every row "
+                f"has ended; {_DECODING}.",
+                _GREEDY_FIX + ".",
+            ),
+            error_hint="the model is called as in the chapter: memory = model.encode(src), then "
+            "model.decode(ys, memory, src), whose logits have shape (B, T, V).",
+            inputs={"model": model, "src": src, "max_len": max_len},
         )
 
 
 # ---------------------------------------------------------------- Predict, then run: a sure prediction, smoothed
 
+_SMOOTHING = "Reread 'Label smoothing, an option'"
 SMOOTHED_SETUP = {"margin": 20.0, "eps": 0.1, "vocab_size": Seq2SeqTokenizer(ALPHABETS["dates"]).vocab_size}
 """The exercise's prediction: the right token's logit ``margin`` above all the others (every other logit
 equal), label smoothing ``eps``, over the vocabulary of the dates task (42 tokens)."""
@@ -136,6 +205,10 @@ def check_smoothed_loss(c: Checker, prediction: float) -> None:
     expected = smoothed_loss(margin, eps, V)
     q_right = 1 - eps + eps / V
     entropy = -(q_right * math.log(q_right) + (V - 1) * eps / V * math.log(eps / V))  # the loss at its minimum
+    fix = (
+        f"q puts eps / V on each of the {V - 1} wrong tokens, whose log-probability is about -{margin:g}, and the "
+        f"right token's log-probability is about 0: the loss is about eps · (V - 1) / V · {margin:g}."
+    )
     c.case(
         f"margin {margin:g}, eps={eps}, V={V}",
         lambda: prediction,
@@ -143,24 +216,36 @@ def check_smoothed_loss(c: Checker, prediction: float) -> None:
         bugs=(
             Bug(
                 lambda: 0.0,
-                "that is the loss without smoothing (the right token's probability is 1 - 8e-8). The smoothed "
-                f"target also puts eps / V on each of the {V - 1} wrong tokens, whose log-probability here is "
-                f"about -{margin:g}.",
+                Hint(
+                    "that is the loss without smoothing (the right token's probability is 1 - 8e-8). The smoothed "
+                    f"target is not one-hot: which tokens does it give weight to, and what is the model's "
+                    f"log-probability of them at a margin of {margin:g}? {_SMOOTHING}.",
+                    fix,
+                ),
             ),
             Bug(
                 lambda: entropy,
-                "that is the LOWEST smoothed loss, the entropy of the target q, reached when the prediction equals q "
-                "(a margin of about 5.9). At a margin of 20 the model is far surer than q, and pays for it.",
+                Hint(
+                    "that is the LOWEST smoothed loss, the entropy of the target q, reached when the prediction "
+                    f"equals q (a margin of about 5.9). At a margin of {margin:g} the model is far surer than q, and "
+                    "pays for it.",
+                    fix,
+                ),
             ),
             Bug(
                 lambda: (V - 1) * margin * eps,
-                f"each wrong token costs its target weight times {margin:g}, and that weight is eps / V, not eps: "
-                "together the wrong tokens hold eps (V - 1) / V of the target.",
+                Hint(
+                    "each wrong token's weight in the smoothed target is eps / V, not eps: together the wrong tokens "
+                    "hold less than eps.",
+                    fix,
+                ),
             ),
         ),
-        hint=f"the loss is -sum_i q_i log p_i with q_i = eps / V for the {V - 1} wrong tokens. Their log-probability "
-        f"is about -{margin:g} (the right token takes almost all the probability), and the right token's is about "
-        f"0: the loss is about eps · (V - 1) / V · {margin:g}.",
+        hint=Hint(
+            "the loss is -sum_i q_i log p_i: which q_i are not 0, and what are their log p_i when the right token "
+            f"takes almost all the probability? {_SMOOTHING}.",
+            fix,
+        ),
         atol=0.15,
     )
 
@@ -188,13 +273,28 @@ _BEAM_CASES = (  # (name, B, n beams, k new beams, V, the beams' scores: "zero",
     ("the library's first step: k=3 beams, only the first alive (the others -inf), B=2", 2, 3, 3, 7, "dead"),
     ("B=3 examples, n=2 beams, k=4 new beams, V=9", 3, 2, 4, 9, "random"),
 )
+_ROWS_FIX = "beam j of example b is row b * n + j: rows = torch.arange(B)[:, None] * n + index // V"
 _BEAM_BUGS = {  # bug -> hint, for _beam_step(..., bug=bug)
-    "no scores": "you ranked the extensions by the new token's log-probability alone: a beam's score is the sum "
-    "over its whole prefix, scores[b, j] + logp[row, token].",
-    "no offset": "rows index the B n rows of logp (and of the caches, reordered with index_select): beam j of "
-    "example b is row b * n + j, not j.",
-    "swapped": "beam and token are swapped: in the row of n * V candidates of an example, entry f is beam f // V "
-    "and token f % V.",
+    "no scores": Hint(
+        "you ranked the extensions by the new token's log-probability alone: a beam's score is the sum over its "
+        "whole prefix (reread 'Beam search').",
+        "add the beams' scores to their rows: scores[:, :, None] + logp.view(B, n, V).",
+    ),
+    "no offset": Hint(
+        "your rows number each example's beams from 0, but rows index the B·n rows of logp (and of the caches "
+        "reordered with them): example after example.",
+        _ROWS_FIX + ".",
+    ),
+    "swapped": Hint(
+        "beam and token are swapped: an example's n·V candidates are the V tokens of its beam 0, then the V tokens "
+        "of its beam 1, and so on.",
+        "entry f of an example's row of n * V candidates is beam f // V and token f % V.",
+    ),
+    "offset k": Hint(
+        "example b's rows come after those of the examples before it, as many per example as there are beams at "
+        "this step (scores.shape[1]), which need not be k.",
+        _ROWS_FIX + ", with n = scores.shape[1].",
+    ),
 }
 
 
@@ -217,16 +317,16 @@ def check_beam_step(c: Checker, beam_step: Callable[..., tuple[Tensor, Tensor, T
             scores[:, 0] = 0.0
         else:
             scores = -torch.rand(B, n, generator=g).mul(3).sort(dim=-1).values  # best beam first
-        offset_k = (
-            f"example b's beams are the rows b * n ... of logp, with n = {n} beams per example at this step "
-            f"(scores.shape[1]), not k = {k}."
-        )
         c.case(
             name,
             lambda scores, logp, k: beam_step(scores, logp, k),
             _beam_step(scores, logp, k),
-            bugs=bug_table({**_BEAM_BUGS, "offset k": offset_k}, _beam_step, scores, logp, k),
-            hint="add each beam's score to its row of logp, view the result as (B, n * V), take topk(k) per example; "
-            "entry f is beam f // V and token f % V, and beam j of example b is row b * n + j.",
+            bugs=bug_table(_BEAM_BUGS, _beam_step, scores, logp, k),
+            hint=Hint(
+                "add each beam's score to its row of logp, then rank all the n·V candidates of an example together "
+                "(reread 'Beam search').",
+                "view the sums as (B, n * V) and take topk(k) per example; entry f is beam f // V and token f % V, "
+                "and " + _ROWS_FIX + ".",
+            ),
             inputs={"scores": scores, "logp": logp, "k": k},
         )
