@@ -214,3 +214,15 @@ def test_seq2seq_learns_to_reverse(norm_first):
     src, tgt = batch(100)
     acc = (model(src, tgt[:, :-1]).argmax(-1) == tgt[:, 1:]).float().mean().item()
     assert acc > 0.9, acc
+
+
+def test_a_model_converted_to_bf16_runs_under_autocast_with_fp32_logits():
+    # output_in_fp32 once called head(h.float()) against bf16 head weights: a dtype mismatch error
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=11, block_size=8, d_model=16, n_layers=1, n_heads=2)).to(torch.bfloat16)
+    idx = torch.randint(0, 11, (2, 8))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits, loss = model(idx, idx)
+    assert logits.dtype == torch.float32 and torch.isfinite(loss)
+    loss.backward()
+    assert model.lm_head.weight.grad.dtype == torch.bfloat16

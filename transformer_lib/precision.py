@@ -77,6 +77,10 @@ def output_in_fp32(head: nn.Linear, h: Tensor) -> Tensor:
     """
     if torch.is_autocast_enabled(h.device.type):
         with torch.autocast(h.device.type, enabled=False):
+            weight = getattr(head, "weight", None)
+            if isinstance(weight, Tensor) and weight.dtype != torch.float32:  # a model converted with .to(bf16)
+                bias = head.bias.float() if head.bias is not None else None
+                return F.linear(h.float(), weight.float(), bias)
             return head(h.float())
     return head(h)
 
