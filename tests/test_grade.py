@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import csv
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import nbformat
@@ -155,7 +157,7 @@ def test_a_hint_shared_by_the_checkers_of_an_exercise_is_given_once():
         (grade.Run([], [], timed_out=True), "ran out of time (60 s) before check_double", "ran out of time"),
         (grade.Run([], [], kernel_died="Kernel died"), "the kernel died before check_double", "the kernel died"),
         (grade.Run([], []), "check_double was never called", "no checker was called"),
-        (grade.Run([], ["cell 3: NameError: x"]), "never called", "1 cell(s) raised: cell 3: NameError: x"),
+        (grade.Run([], ["code cell 3: NameError: x"]), "never called", "1 cell(s) raised: code cell 3: NameError: x"),
     ],
     ids=["timeout", "dead kernel", "no checker", "error"],
 )
@@ -175,6 +177,8 @@ def test_the_chapter_comes_from_metadata_then_file_name_then_headings():
     assert grade.find_chapter(blank, Path(f"alice_{chapter}.ipynb"), catalogue) == chapter
     headed = nbformat.v4.new_notebook(cells=[md(f"### Exercise {number}.1: Extend: x"), md(f"Exercise {number}.2")])
     assert grade.find_chapter(headed, Path("alice.ipynb"), catalogue) == chapter
+    other = sorted(catalogue)[0]
+    assert grade.find_chapter(headed, Path(f"{other}.ipynb"), catalogue) == chapter  # headings before file name
     assert grade.find_chapter(blank, Path("alice.ipynb"), catalogue) is None
 
 
@@ -206,7 +210,7 @@ def test_a_class_of_submissions_is_graded_and_each_failure_is_named(tmp_path, fa
     error = rows["error.ipynb"]  # the cell that raised costs nothing else
     assert error["Exercise 99.1"].passed and not error["Exercise 99.2"].passed
     assert "expected 42, got 41" in error["Exercise 99.2"].feedback
-    assert "cell 1: NameError" in error[grade.NOTEBOOK_ROW].feedback
+    assert "code cell 2: NameError" in error[grade.NOTEBOOK_ROW].feedback  # numbered as Jupyter shows them
     loop = rows["loop.ipynb"]
     assert loop["Exercise 99.1"].passed and "ran out of time (20 s)" in loop["Exercise 99.2"].feedback
     assert "ran out of time" in loop[grade.NOTEBOOK_ROW].feedback
@@ -243,12 +247,17 @@ def test_the_command_line_prints_a_table_and_writes_the_csv(tmp_path):
     with open(out, newline="") as f:
         rows = list(csv.DictReader(f))
     checked = [e for e in load_catalogue()[chapter] if e.checkers]
-    assert list(rows[0]) == ["notebook", "exercise", "passed", "feedback"]
+    assert list(rows[0]) == list(grade.COLUMNS)
+    assert {(r["student"], r["notebook"], r["chapter"], r["chapter_from"], r["score"]) for r in rows} == {
+        (chapter, submission.name, chapter, "metadata", "0")
+    }
     assert [r["exercise"] for r in rows] == [f"Exercise {e.number}" for e in checked]  # no notebook problem
     assert all(r["passed"] == "False" for r in rows)
     for row, e in zip(rows, checked, strict=True):  # every starter left as given is "not answered yet"
         assert "not answered yet" in row["feedback"], (e.number, row["feedback"])
     assert f"0/{len(checked)} auto-checked exercises passed" in done.stdout
+    with open(tmp_path / "grades_students.csv", newline="") as f:
+        assert list(csv.reader(f)) == [["student", f"{chapter} (of {len(checked)})"], [chapter, "0"]]
 
 
 @pytest.mark.notebooks
@@ -267,11 +276,236 @@ def test_the_command_line_refuses_a_bad_timeout(tmp_path):
     assert done.returncode == 2 and "--timeout must be a positive number of seconds, got 0" in done.stderr
 
 
-def test_the_csv_has_the_four_columns(tmp_path):
-    rows = [grade.Row("a.ipynb", "Exercise 1.1", True, 'ok, "quoted"\nand a new line')]
+def test_the_csv_names_student_notebook_chapter_and_score(tmp_path):
+    rows = [
+        grade.Row(
+            "alice", "alice/a.ipynb", "99_fake", "metadata", "Exercise 1.1", True, 1, 'ok, "quoted"\nand a new line'
+        ),
+        grade.Row("alice", "alice/a.ipynb", "99_fake", "metadata", grade.NOTEBOOK_ROW, False, None, "no checker"),
+    ]
     grade.write_csv(rows, tmp_path / "g.csv")
     with open(tmp_path / "g.csv", newline="") as f:
         assert list(csv.reader(f)) == [
-            ["notebook", "exercise", "passed", "feedback"],
-            ["a.ipynb", "Exercise 1.1", "True", 'ok, "quoted"\nand a new line'],
+            list(grade.COLUMNS),
+            [
+                "alice",
+                "alice/a.ipynb",
+                "99_fake",
+                "metadata",
+                "Exercise 1.1",
+                "True",
+                "1",
+                'ok, "quoted"\nand a new line',
+            ],
+            ["alice", "alice/a.ipynb", "99_fake", "metadata", "(notebook)", "False", "", "no checker"],
         ]
+    assert [p.name for p in tmp_path.iterdir()] == ["g.csv"]  # no temporary file left
+
+
+# ---------------------------------------------------------------- identity, odd notebooks, chapters (no kernel)
+
+
+def test_same_file_names_in_two_folders_are_two_students(tmp_path):
+    for student in ("alice", "bob"):
+        (tmp_path / "class" / student).mkdir(parents=True)
+    paths = [tmp_path / "class" / s / "01_attention.ipynb" for s in ("alice", "bob")]
+    subs = grade.submissions([*paths, paths[0]])  # the same file twice is one submission
+    assert [(s.student, s.name) for s in subs] == [
+        ("alice", "alice/01_attention.ipynb"),
+        ("bob", "bob/01_attention.ipynb"),
+    ]
+    flat = grade.submissions([tmp_path / "alice.ipynb", tmp_path / "bob.ipynb"])
+    assert [(s.student, s.name) for s in flat] == [("alice", "alice.ipynb"), ("bob", "bob.ipynb")]
+
+
+@pytest.mark.parametrize(
+    "metadata", ["01_attention", {"chapter": ["01_attention"]}, {"chapter": {"n": 1}}, ["x"], 5], ids=str
+)
+def test_odd_metadata_is_no_chapter_and_no_exception(metadata):
+    nb = nbformat.v4.new_notebook(cells=[md("# notes")], metadata={"transformer_book": metadata})
+    assert grade.chapter_clues(nb, Path("alice.ipynb"), load_catalogue()) == {}
+
+
+def test_a_chapter_is_named_by_number_or_name():
+    catalogue = load_catalogue()
+    first = sorted(catalogue)[0]
+    assert grade.resolve_chapter("1", catalogue) == grade.resolve_chapter(first, catalogue) == first
+    with pytest.raises(ValueError, match="no chapter '42'"):
+        grade.resolve_chapter("42", catalogue)
+
+
+def test_the_summary_has_a_row_per_student_and_a_column_per_chapter(tmp_path):
+    catalogue = {**FAKE, "98_other": [Exercise("98.1", "ex-o", "Extend", "o", ("check_o",))]}
+
+    def row(student, notebook, chapter, exercise, passed, feedback="") -> grade.Row:
+        score = None if exercise.startswith("(") else int(passed)
+        return grade.Row(student, notebook, chapter, "metadata", exercise, passed, score, feedback)
+
+    rows = [
+        row("alice", "alice/a.ipynb", "99_fake", "Exercise 99.1", True),
+        row("alice", "alice/a.ipynb", "99_fake", "Exercise 99.2", True),
+        row("alice", "alice/a2.ipynb", "99_fake", "Exercise 99.1", True),  # a second try counts if better
+        row("alice", "alice/o.ipynb", "98_other", "Exercise 98.1", False),
+        row("bob", "bob/a.ipynb", "99_fake", "Exercise 99.1", True),
+        row("bob", "bob/a.ipynb", "", grade.NOTEBOOK_ROW, False, grade.INTERRUPTED),
+        row("carol", "carol/x.ipynb", "", grade.NOTEBOOK_ROW, False, "not graded: cannot tell which chapter"),
+    ]
+    rows[5] = grade.Row("bob", "bob/a.ipynb", "99_fake", "metadata", grade.NOTEBOOK_ROW, False, None, grade.INTERRUPTED)
+    grade.write_summary(rows, tmp_path / "s.csv", catalogue)
+    with open(tmp_path / "s.csv", newline="") as f:
+        assert list(csv.reader(f)) == [
+            ["student", "98_other (of 1)", "99_fake (of 2)"],
+            ["alice", "0", "2"],
+            ["bob", "", ""],  # interrupted: no score rather than a wrong one
+            ["carol", "", ""],
+        ]
+
+
+# ---------------------------------------------------------------- a class at once (a kernel each)
+
+
+def _odd(tmp_path: Path) -> list[Path]:
+    """Four files that are not gradable notebooks, each in its own way."""
+    paths = []
+    for name, meta in (("meta_str", "01_attention"), ("meta_list", {"chapter": ["99_fake"]})):
+        nb = notebook("x = 1", chapter=None)
+        nb.metadata["transformer_book"] = meta
+        paths.append(write(tmp_path, f"{name}.ipynb", nb))
+    bad_source = json.loads(nbformat.writes(notebook("x = 1")))
+    bad_source["cells"].append({"cell_type": "markdown", "id": "odd", "metadata": {}, "source": 5})
+    (tmp_path / "bad_source.ipynb").write_text(json.dumps(bad_source))
+    (tmp_path / "empty.ipynb").write_text("")
+    (tmp_path / "not_json.ipynb").write_text("{ not json")
+    return [*paths, tmp_path / "bad_source.ipynb", tmp_path / "empty.ipynb", tmp_path / "not_json.ipynb"]
+
+
+RIGHT = ("def double(x):\n    return 2 * x", "check_double(double)", "guess = 42", "check_guess(guess)")
+
+
+@pytest.mark.notebooks
+def test_odd_notebooks_become_rows_and_the_others_are_graded(tmp_path):
+    first = write(tmp_path, "first.ipynb", notebook(*RIGHT))
+    last = write(tmp_path, "last.ipynb", notebook("check_double(lambda x: x)"))
+    odd = _odd(tmp_path)
+    rows, interrupted = grade.grade_all([first, *odd, last], 60, catalogue=FAKE)
+    assert not interrupted
+    assert [r.notebook for r in rows] == ["first.ipynb"] * 2 + [p.name for p in odd] + ["last.ipynb"] * 2
+    assert all(r.passed and r.score == 1 for r in rows[:2])
+    for r in rows[2:-2]:
+        assert r.exercise == grade.NOTEBOOK_ROW and r.not_graded, r
+    by_name = {r.notebook: r.feedback for r in rows}
+    assert "cannot tell which chapter" in by_name["meta_str.ipynb"] and "cannot tell" in by_name["meta_list.ipynb"]
+    assert "cell 3 (counting every cell from 1) has no text as its source: 5" in by_name["bad_source.ipynb"]
+    assert "not a readable notebook" in by_name["empty.ipynb"] and "not a readable" in by_name["not_json.ipynb"]
+    assert "expected 6, got 3" in by_exercise(rows[-2:])["Exercise 99.1"].feedback
+
+
+@pytest.mark.notebooks
+def test_same_file_names_in_two_folders_give_two_students_rows(tmp_path):
+    for student, cells in (("alice", RIGHT), ("bob", ("check_double(lambda x: x)",))):
+        (tmp_path / student).mkdir()
+        write(tmp_path / student, "01.ipynb", notebook(*cells))
+    rows, _ = grade.grade_all([tmp_path / "alice" / "01.ipynb", tmp_path / "bob" / "01.ipynb"], 60, catalogue=FAKE)
+    scores = {(r.student, r.notebook, r.exercise): r.score for r in rows}
+    assert scores[("alice", "alice/01.ipynb", "Exercise 99.1")] == 1
+    assert scores[("bob", "bob/01.ipynb", "Exercise 99.1")] == 0
+
+
+@pytest.mark.notebooks
+def test_parallel_grading_gives_the_same_rows_in_argument_order(tmp_path):
+    paths = [
+        write(tmp_path, "a.ipynb", notebook("import time\ntime.sleep(3)", *RIGHT)),  # the slowest first
+        write(tmp_path, "b.ipynb", notebook("check_double(lambda x: x)", "undefined")),
+        write(tmp_path, "c.ipynb", notebook("x = 1")),
+    ]
+    serial, _ = grade.grade_all(paths, 60, jobs=1, catalogue=FAKE)
+    parallel, _ = grade.grade_all(paths, 60, jobs=2, catalogue=FAKE)
+    assert parallel == serial
+    assert [r.notebook for r in serial] == ["a.ipynb"] * 2 + ["b.ipynb"] * 3 + ["c.ipynb"] * 3
+
+
+@pytest.mark.notebooks
+def test_chapter_option_overrides_the_notebook(tmp_path):
+    unnamed = write(tmp_path, "homework.ipynb", notebook(*RIGHT, chapter=None))
+    (alone,) = grade.grade_all([unnamed], 60, catalogue=FAKE)[0]
+    assert "cannot tell which chapter" in alone.feedback and alone.not_graded
+    rows, _ = grade.grade_all([unnamed], 60, chapter="99_fake", catalogue=FAKE)
+    assert [(r.exercise, r.chapter, r.chapter_from, r.passed) for r in rows] == [
+        ("Exercise 99.1", "99_fake", "--chapter", True),
+        ("Exercise 99.2", "99_fake", "--chapter", True),
+    ]
+
+
+MEMORY_PROBE = """\
+import resource, sys
+from pathlib import Path
+sys.path.insert(0, {tests!r})
+from test_grade import FAKE
+from transformer_lib.notebook import grade
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+rows = grade.grade_notebook(Path({path!r}), 120, catalogue=FAKE)
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+assert rows[0].passed, rows
+print((after - before) // 1024)
+"""
+
+
+@pytest.mark.notebooks
+def test_sixty_megabytes_of_prints_leave_the_graders_memory_bounded(tmp_path):
+    loud = write(tmp_path, "loud.ipynb", notebook("for _ in range(60):\n    print('x' * 1_000_000, flush=True)",
+                                                  "check_double(lambda x: 2 * x)"))  # fmt: skip
+    probe = MEMORY_PROBE.format(tests=str(ROOT / "tests"), path=str(loud))
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    grown_mb = int(done.stdout.split()[-1])
+    assert grown_mb < 40, f"the grader grew by {grown_mb} MB while a notebook printed 60 MB"
+
+
+@pytest.mark.notebooks
+def test_ctrl_c_keeps_the_rows_done_and_blames_no_student(tmp_path):
+    """SIGINT while a notebook runs a long cell: the CSV is written, that notebook and the next are 'not graded'."""
+    chapter = sorted(load_catalogue())[0]
+    started = tmp_path / "started"
+    quick = write(tmp_path, "quick.ipynb", notebook("x = 1", chapter=chapter))
+    slow = write(tmp_path, "slow.ipynb", notebook(f"open({str(started)!r}, 'w').close()\nimport time\ntime.sleep(300)",
+                                                  chapter=chapter))  # fmt: skip
+    never = write(tmp_path, "never.ipynb", notebook("x = 1", chapter=chapter))
+    out = tmp_path / "grades.csv"
+    command = [sys.executable, "-m", "transformer_lib.grade", str(quick), str(slow), str(never), "--csv", str(out)]
+    grader = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 200
+    while not started.exists() and time.monotonic() < deadline and grader.poll() is None:
+        time.sleep(0.2)
+    assert started.exists(), grader.communicate()
+    time.sleep(0.5)
+    grader.send_signal(signal.SIGINT)
+    stdout, stderr = grader.communicate(timeout=120)
+    assert grader.returncode == grade.EXIT_INTERRUPTED, stderr
+    with open(out, newline="") as f:
+        rows = list(csv.DictReader(f))
+    quick_rows = [r for r in rows if r["notebook"] == "quick.ipynb"]
+    assert quick_rows and all(
+        r["feedback"].startswith("no result") or "no checker" in r["feedback"] for r in quick_rows
+    )
+    for name in ("slow.ipynb", "never.ipynb"):
+        (row,) = [r for r in rows if r["notebook"] == name]
+        assert row["feedback"] == grade.INTERRUPTED and row["score"] == ""
+    assert "kernel died" not in out.read_text()
+    assert "Traceback" not in stderr, stderr
+
+
+@pytest.mark.notebooks
+def test_a_renamed_teacher_copy_is_graded_as_its_chapter_with_a_warning(tmp_path):
+    chapters = sorted(load_catalogue())
+    renamed = tmp_path / f"{chapters[2]}.ipynb"
+    renamed.write_bytes((ROOT / "chapters" / f"{chapters[0]}.ipynb").read_bytes())
+    rows = grade.grade_notebook(renamed, timeout_s=300)
+    warning, *graded = rows
+    assert warning.exercise == grade.WARNING_ROW
+    assert (
+        f"the metadata says {chapters[0]}" in warning.feedback
+        and f"the file name says {chapters[2]}" in warning.feedback
+    )
+    checked = [e for e in load_catalogue()[chapters[0]] if e.checkers]
+    assert [r.exercise for r in graded] == [f"Exercise {e.number}" for e in checked]
+    assert all(r.passed and r.chapter == chapters[0] and r.chapter_from == "metadata" for r in graded), graded
