@@ -121,9 +121,9 @@ student: setup  ## student copies of the chapters in _build/student
 colab: setup  ## the committed Colab notebooks in colab/ and the grader's catalogue
 	$(BIN)/python scripts/make_colab.py
 
-# Grade a class: `make grade SUBMISSIONS="alice.ipynb bob.ipynb" [CSV=grades.csv]`.
-grade: setup  ## grade a class: make grade SUBMISSIONS="a.ipynb b.ipynb" [CSV=grades.csv]
-	$(BIN)/python -m transformer_lib.grade $(SUBMISSIONS) $(if $(CSV),--csv $(CSV),)
+# Grade a class: `make grade SUBMISSIONS="alice/01_attention.ipynb bob/01_attention.ipynb" [CSV=grades.csv] [JOBS=2]`.
+grade: setup  ## grade a class: make grade SUBMISSIONS="a.ipynb b.ipynb" [CSV=grades.csv] [JOBS=2]
+	$(BIN)/python -m transformer_lib.grade $(SUBMISSIONS) $(if $(CSV),--csv $(CSV),) $(if $(JOBS),-j $(JOBS),)
 
 # The newest versions: a fresh $(LATEST_VENV) installed without the lock, its lock written next to it,
 # LOCK_CHECKS run in it (the fast tests, which check that candidate lock through BOOK_LOCK, and the book

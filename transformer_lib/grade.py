@@ -1,4 +1,4 @@
-"""``python -m transformer_lib.grade SUBMISSION.ipynb [...] [--csv OUT.csv] [--timeout S]``: grade a class.
+"""``python -m transformer_lib.grade SUBMISSION.ipynb [...] [--csv OUT.csv] [--chapter N] [-j N]``: grade a class.
 
 The command line only. The grader itself is in the notebook layer, :mod:`transformer_lib.notebook.grade`;
 this module is the one entry point of ``transformer_lib/*.py`` allowed to reach into that layer
