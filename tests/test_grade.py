@@ -167,7 +167,7 @@ def test_what_went_wrong_is_said_per_exercise_and_for_the_notebook(run, exercise
     assert not rows[grade.NOTEBOOK_ROW].passed and notebook_says in rows[grade.NOTEBOOK_ROW].feedback
 
 
-def test_the_chapter_comes_from_metadata_then_file_name_then_headings():
+def test_the_chapter_comes_from_metadata_then_headings_then_file_name():
     catalogue = load_catalogue()
     chapter = sorted(catalogue)[2]
     number = int(chapter[:2])
