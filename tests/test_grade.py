@@ -509,3 +509,18 @@ def test_a_renamed_teacher_copy_is_graded_as_its_chapter_with_a_warning(tmp_path
     checked = [e for e in load_catalogue()[chapters[0]] if e.checkers]
     assert [r.exercise for r in graded] == [f"Exercise {e.number}" for e in checked]
     assert all(r.passed and r.chapter == chapters[0] and r.chapter_from == "metadata" for r in graded), graded
+
+
+def test_the_exit_status_says_whether_everything_was_graded(tmp_path):
+    (tmp_path / "empty.ipynb").write_text("")
+    out = tmp_path / "grades.csv"
+    grader = [sys.executable, "-m", "transformer_lib.grade"]
+    done = subprocess.run([*grader, str(tmp_path / "empty.ipynb"), "--csv", str(out)], capture_output=True, text=True)
+    assert done.returncode == grade.EXIT_NOT_ALL_GRADED, done.stderr
+    with open(out, newline="") as f:
+        (row,) = csv.DictReader(f)
+    assert row["student"] == "empty" and row["feedback"].startswith("not graded: not a readable notebook")
+    bad = subprocess.run([*grader, "x.ipynb", "--chapter", "42"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--chapter: no chapter '42'" in bad.stderr
+    usage = subprocess.run([*grader, "--help"], capture_output=True, text=True).stdout
+    assert all(word in usage for word in ("--chapter", "-j", "exit status", "130 interrupted"))

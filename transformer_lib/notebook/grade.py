@@ -55,7 +55,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -230,16 +230,14 @@ def _unreadable_cell(nb: Any) -> str | None:
 def _client_class() -> type:
     """nbclient's NotebookClient keeping only the errors among outputs, so memory stays bounded."""
     from nbclient import NotebookClient
+    from nbformat.v4 import new_output
 
     class ErrorsOnlyClient(NotebookClient):
         def output(self, outs: list, msg: dict[str, Any], display_id: str | None, cell_index: int) -> Any:
             if msg["msg_type"] != "error":
                 return None  # what a cell prints is not graded: the checkers' records are
-            content = msg["content"]
-            from nbformat.v4 import new_output
-
-            out = new_output("error", ename=str(content.get("ename", "Error"))[:200],
-                             evalue=str(content.get("evalue", ""))[:300], traceback=[])  # fmt: skip
+            ename, evalue = (str(msg["content"].get(key, "")) for key in ("ename", "evalue"))
+            out = new_output("error", ename=ename[:200] or "Error", evalue=evalue[:300], traceback=[])
             outs.append(out)
             return out
 
@@ -322,9 +320,15 @@ def _short_feedback(texts: list[str]) -> str:
 
 
 def grade_run(
-    name: str, exercises: list[Exercise], run: Run, timeout_s: float, *, student: str = "", chapter: str = "",
+    name: str,
+    exercises: list[Exercise],
+    run: Run,
+    timeout_s: float,
+    *,
+    student: str = "",
+    chapter: str = "",
     chapter_from: str = "",
-) -> list[Row]:  # fmt: skip
+) -> list[Row]:
     """The rows of one executed submission."""
 
     def row(exercise: str, passed: bool, feedback: str) -> Row:
@@ -366,6 +370,11 @@ def grade_run(
     return rows
 
 
+def _notebook_row(sub: Submission, feedback: str) -> Row:
+    """The one ``(notebook)`` row of a submission that was not graded."""
+    return Row(sub.student, sub.name, "", "", NOTEBOOK_ROW, False, None, feedback[:300])
+
+
 def grade_notebook(
     path: Path,
     timeout_s: float = DEFAULT_TIMEOUT_S,
@@ -383,22 +392,18 @@ def grade_notebook(
     sub = submission or Submission(path, path.name, path.stem)
     catalogue = load_catalogue() if catalogue is None else catalogue
 
-    def problem(feedback: str, found: str = "", how: str = "") -> list[Row]:
-        return [Row(sub.student, sub.name, found, how, NOTEBOOK_ROW, False, None, feedback[:300])]
-
     try:
         nb = nbformat.read(path, as_version=4)
         why = _unreadable_cell(nb) if isinstance(nb, dict) else "it is not a JSON object"
     except Exception as e:
         why = f"{type(e).__name__}: {e}"
     if why:
-        return problem(f"{NOT_GRADED}: not a readable notebook: {why}")
+        return [_notebook_row(sub, f"{NOT_GRADED}: not a readable notebook: {why}")]
     clues = chapter_clues(nb, path, catalogue)
     how, found = ("--chapter", chapter) if chapter else next(iter(clues.items()), ("", None))
     if found is None:
-        return problem(
-            f"{NOT_GRADED}: cannot tell which chapter this is (metadata, headings, file name): use --chapter"
-        )
+        why = "cannot tell which chapter this is (metadata, headings, file name): use --chapter"
+        return [_notebook_row(sub, f"{NOT_GRADED}: {why}")]
     rows = []
     if any(c != found for c in clues.values()):
         said = ", ".join(f"the {source} say{'' if source.endswith('s') else 's'} {c}" for source, c in clues.items())
@@ -437,8 +442,7 @@ def grade_all(
         except Interrupted:
             pass
         except Exception as e:  # the grader's own failure: no fault of the student's
-            done[i] = [Row(sub.student, sub.name, "", "", NOTEBOOK_ROW, False, None,
-                           f"{NOT_GRADED}: the grader failed: {type(e).__name__}: {e}"[:300])]  # fmt: skip
+            done[i] = [_notebook_row(sub, f"{NOT_GRADED}: the grader failed: {type(e).__name__}: {e}")]
 
     interrupted = False
     pool = ThreadPoolExecutor(max_workers=max(1, jobs), thread_name_prefix="grade")
@@ -459,7 +463,7 @@ def grade_all(
         pool.shutdown(wait=not interrupted, cancel_futures=True)
     rows = []
     for i, sub in enumerate(subs):
-        rows += done.get(i) or [Row(sub.student, sub.name, "", "", NOTEBOOK_ROW, False, None, INTERRUPTED)]
+        rows += done.get(i) or [_notebook_row(sub, INTERRUPTED)]
     return rows, interrupted
 
 
@@ -521,10 +525,8 @@ def _write_atomically(path: Path, header: Sequence[str], lines: Sequence[Sequenc
 
 def write_csv(rows: Sequence[Row], path: Path) -> None:
     """The rows, with the columns :data:`COLUMNS`; ``score`` is empty for the ``(notebook)``/``(warning)`` rows."""
-    _write_atomically(path, COLUMNS, [
-        [r.student, r.notebook, r.chapter, r.chapter_from, r.exercise, r.passed, "" if r.score is None else r.score,
-         r.feedback] for r in rows
-    ])  # fmt: skip
+    lines = [[*astuple(r)[:6], "" if r.score is None else r.score, r.feedback] for r in rows]
+    _write_atomically(path, COLUMNS, lines)
 
 
 def summary_path(csv_path: Path) -> Path:
