@@ -524,3 +524,9 @@ def test_the_exit_status_says_whether_everything_was_graded(tmp_path):
     assert bad.returncode == 2 and "--chapter: no chapter '42'" in bad.stderr
     usage = subprocess.run([*grader, "--help"], capture_output=True, text=True).stdout
     assert all(word in usage for word in ("--chapter", "-j", "exit status", "130 interrupted"))
+
+
+def test_the_teachers_copies_name_their_chapter():
+    for path in sorted((ROOT / "chapters").glob("*.ipynb")):
+        metadata = json.loads(path.read_text(encoding="utf-8"))["metadata"]
+        assert metadata.get("transformer_book") == {"chapter": path.stem, "copy": "teacher"}, path.name
