@@ -252,7 +252,7 @@ def execute(nb: Any, timeout_s: float, stop: Stop | None = None) -> Run:
 
     stop = stop or Stop()
 
-    def check_stop(**_: Any) -> None:
+    def stop_if_interrupted(**_: Any) -> None:
         if stop.event.is_set():
             raise Interrupted
 
@@ -267,10 +267,10 @@ def execute(nb: Any, timeout_s: float, stop: Stop | None = None) -> Run:
             allow_errors=True,  # a cell that raises is reported; the next ones still run
             timeout_func=lambda cell: max(1, int(deadline - time.monotonic() + 0.999)),
             resources={"metadata": {"path": workdir}},
-            on_cell_start=check_stop,
+            on_cell_start=stop_if_interrupted,
         )
         run = Run(records=[], errors=[])
-        check_stop()
+        stop_if_interrupted()
         with stop.watching(client):
             try:
                 client.execute(env=env)
@@ -282,7 +282,7 @@ def execute(nb: Any, timeout_s: float, stop: Stop | None = None) -> Run:
                 raise
             except Exception as e:  # nbclient's own failures (e.g. no kernel): the notebook did not run
                 run.kernel_died = f"{type(e).__name__}: {e}"
-        check_stop()  # a kernel killed by Ctrl-C is no fault of the student's
+        stop_if_interrupted()  # a kernel killed by Ctrl-C is no fault of the student's
         run.seconds = time.monotonic() - start
         run.timed_out = run.timed_out or (run.seconds > timeout_s and not run.kernel_died)
         if results.is_file():
