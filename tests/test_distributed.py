@@ -167,11 +167,9 @@ PIPELINE_WORKER = textwrap.dedent(
         model = GPT(config)
         stage = gpt_stages(model, world)[rank]
         step = pipeline_step(stage, x, y, n_micro)
-        grads = {{f"blocks.{{i}}." + name: p.grad for i in stage.layers
-                 for name, p in model.blocks[i].named_parameters()}}
-        for name, p in model.named_parameters():
-            if not name.startswith("blocks."):
-                grads[name] = p.grad  # None where another stage holds it
+        grads = {{name: p.grad for name, p in model.named_parameters()}}  # None where another stage trains it
+        owned = {{name for name, p in model.named_parameters() if any(p is q for q in stage.parameters())}}
+        assert owned == {{name for name, g in grads.items() if g is not None}}, "stage.parameters() are its own"
         results[n_micro] = (step.loss, grads, step.idle, [e[:2] for e in step.events])
     torch.save(results, {out!r} + f"/rank{{rank}}.pt")
     dist.destroy_process_group()

@@ -115,6 +115,8 @@ def test_the_stages_run_one_after_the_other_are_the_model(n_layers, n_stages, bl
     stages = gpt_stages(model, n_stages)
     assert [len(s.blocks) for s in stages] == blocks
     assert [i for s in stages for i in s.layers] == list(range(n_layers))  # each block once, in order
+    owned = [id(p) for s in stages for p in s.parameters()]
+    assert sorted(owned) == sorted(id(p) for p in model.parameters())  # every parameter on exactly one stage
     x = torch.randint(0, 11, (3, 8), generator=torch.Generator().manual_seed(2))
     h = x
     for s in stages:

@@ -130,7 +130,8 @@ class _SumOverProcesses(torch.autograd.Function):
 class GPTStage(nn.Module):
     """Stage ``stage`` of ``n_stages`` of a :class:`~transformer_lib.models.GPT`: consecutive blocks, with the
     embeddings on the first stage and the final norm and output head on the last. It holds the model's own
-    modules (not copies), so gradients land in the model's parameters.
+    modules (not copies), so gradients land in the model's parameters, and ``stage.parameters()`` are exactly
+    the parameters this stage trains (give them to its process's optimizer).
 
     Shapes: first stage idx (B, T) -> h (B, T, d_model); middle stages h -> h; last stage h -> logits
     (B, T, vocab_size); a single stage idx -> logits.
@@ -143,20 +144,27 @@ class GPTStage(nn.Module):
         n_layers = len(model.blocks)
         self.first, self.last = stage == 0, stage == n_stages - 1
         lo, hi = stage * n_layers // n_stages, (stage + 1) * n_layers // n_stages  # as even as the blocks allow
+        self.layers, self.d_model = range(lo, hi), model.config.d_model
+        if self.first:
+            self.tok_emb, self.pos, self.dropout, self.emb_scale = (
+                model.tok_emb,
+                model.pos,
+                model.dropout,
+                model.emb_scale,
+            )
         self.blocks = nn.ModuleList(model.blocks[lo:hi])
-        self.layers = range(lo, hi)
-        self.model = [model]  # a list: the stage does not register the whole model as its submodule
+        if self.last:
+            self.norm_f, self.lm_head = model.norm_f, model.lm_head
 
     def forward(self, x: Tensor) -> Tensor:
-        model = self.model[0]
         if self.first:  # token ids -> embeddings, as GPT._hidden does
-            x = model.tok_emb(x) * model.emb_scale
-            if model.pos is not None:
-                x = model.pos(x)
-            x = model.dropout(x)
+            x = self.tok_emb(x) * self.emb_scale
+            if self.pos is not None:
+                x = self.pos(x)
+            x = self.dropout(x)
         x, _ = run_layers(self.blocks, x)
         if self.last:
-            x = output_in_fp32(model.lm_head, model.norm_f(x))
+            x = output_in_fp32(self.lm_head, self.norm_f(x))
         return x
 
 
@@ -227,10 +235,9 @@ def pipeline_step(stage: GPTStage, x: Tensor, y: Tensor, n_micro: int) -> Pipeli
         raise ValueError(
             f"x and y must be (B, T) with B divisible by n_micro={n_micro}, got {tuple(x.shape)} and {tuple(y.shape)}"
         )
-    model = stage.model[0]
-    device = next(model.parameters()).device
+    device = next(stage.parameters()).device
     xs, ys = x.to(device).chunk(n_micro), y.to(device).chunk(n_micro)
-    shape = (x.shape[0] // n_micro, x.shape[1], model.config.d_model)  # (B / n_micro, T, d_model): what travels
+    shape = (x.shape[0] // n_micro, x.shape[1], stage.d_model)  # (B / n_micro, T, d_model): what travels
     events, inputs, outputs, losses, sends = [], [], [], [], []
     dist.barrier()
     t0 = time.perf_counter()
@@ -266,7 +273,7 @@ def pipeline_step(stage: GPTStage, x: Tensor, y: Tensor, n_micro: int) -> Pipeli
             sends.append((dist.isend(inputs[i].grad, dst=rank - 1), inputs[i]))
     for work, _ in sends:
         work.wait()
-    loss = torch.tensor([sum(float(loss_i) for loss_i in losses) / n_micro if stage.last else 0.0])
+    loss = torch.tensor([sum(loss_i.item() for loss_i in losses) / n_micro if stage.last else 0.0])
     dist.barrier()
     seconds = time.perf_counter() - t0
     dist.broadcast(loss, src=world - 1)  # every process learns the batch's loss
