@@ -135,8 +135,6 @@ class GPTStage(nn.Module):
 
     Shapes: first stage idx (B, T) -> h (B, T, d_model); middle stages h -> h; last stage h -> logits
     (B, T, vocab_size); a single stage idx -> logits.
-
-    Defined in chapter 8, Training at scale.
     """
 
     def __init__(self, model: GPT, stage: int, n_stages: int) -> None:
@@ -175,6 +173,8 @@ def gpt_stages(model: GPT, n_stages: int) -> list[GPTStage]:
     must be untied (``tie_weights=False``) when ``n_stages > 1``.
 
     Shapes: see :class:`GPTStage`.
+
+    Defined in chapter 8, Training at scale.
     """
     if not isinstance(model, GPT):
         raise TypeError(f"model must be a transformer_lib GPT, got {type(model).__name__}")
@@ -224,6 +224,8 @@ def pipeline_step(stage: GPTStage, x: Tensor, y: Tensor, n_micro: int) -> Pipeli
     Every process passes the whole batch; the first stage reads ``x``, the last ``y``. fp32 only.
 
     Shapes: x, y (B, T) token ids and targets, B divisible by ``n_micro``.
+
+    Defined in chapter 8, Training at scale.
     """
     if not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError("pipeline_step needs torch.distributed: launch with torchrun and call init_distributed()")
