@@ -21,6 +21,7 @@ equal work per stage, the idle share of a step, the bubble, is ``(p - 1) / (m + 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -244,7 +245,7 @@ def pipeline_step(stage: GPTStage, x: Tensor, y: Tensor, n_micro: int) -> Pipeli
     dist.barrier()
     t0 = time.perf_counter()
 
-    def timed(kind: str, i: int, work):
+    def timed(kind: str, i: int, work: Callable[[], Tensor]) -> Tensor:
         start = time.perf_counter() - t0
         out = work()
         events.append((kind, i, start, time.perf_counter() - t0))
