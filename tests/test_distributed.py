@@ -142,3 +142,70 @@ def test_train_gpt_runs_under_torchrun_and_prints_its_last_line_once(tmp_path):
     lines = done.stdout.strip().splitlines()
     assert lines[-1].startswith("tokens_per_s=") and " val_loss=" in lines[-1]
     assert sum(line.startswith("tokens_per_s=") for line in lines) == 1 and "processes=2" in lines[0]
+
+
+# ---------------------------------------------------------------- pipeline parallelism: two stages, two processes
+
+PIPELINE_WORKER = textwrap.dedent(
+    """
+    import sys, torch
+    from torch import distributed as dist
+    from transformer_lib import GPT, GPTConfig
+    from transformer_lib.parallel import gpt_stages, pipeline_step
+    from transformer_lib.training import init_distributed
+
+    init_distributed("cpu")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    config = GPTConfig(vocab_size=11, block_size=8, n_layers=4, n_heads=2, d_model=16, dropout=0.0,
+                       tie_weights=False)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 11, (12, 8), generator=g)
+    y = torch.randint(0, 11, (12, 8), generator=g)
+    results = {{}}
+    for n_micro in (1, 3, 4):
+        torch.manual_seed(0)
+        model = GPT(config)
+        stage = gpt_stages(model, world)[rank]
+        step = pipeline_step(stage, x, y, n_micro)
+        grads = {{name: p.grad for name, p in model.named_parameters()}}  # None where another stage trains it
+        owned = {{name for name, p in model.named_parameters() if any(p is q for q in stage.parameters())}}
+        assert owned == {{name for name, g in grads.items() if g is not None}}, "stage.parameters() are its own"
+        results[n_micro] = (step.loss, grads, step.idle, [e[:2] for e in step.events])
+    torch.save(results, {out!r} + f"/rank{{rank}}.pt")
+    dist.destroy_process_group()
+    """
+)
+
+
+@pytest.mark.slow
+def test_a_two_stage_gpipe_step_under_torchrun_gives_the_loss_and_gradients_of_the_unsplit_model(tmp_path):
+    script = tmp_path / "pipeline.py"
+    script.write_text(PIPELINE_WORKER.format(out=str(tmp_path)))
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
+    torch.manual_seed(0)
+    whole = GPT(GPTConfig(vocab_size=11, block_size=8, n_layers=4, n_heads=2, d_model=16, tie_weights=False))
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randint(0, 11, (12, 8), generator=g), torch.randint(0, 11, (12, 8), generator=g)
+    loss = whole(x, y)[1]
+    loss.backward()
+    expected = dict(whole.named_parameters())
+    for n_micro in (1, 3, 4):
+        for rank, result in enumerate(ranks):
+            got_loss, grads, idle, order = result[n_micro]
+            assert got_loss == pytest.approx(loss.item(), rel=1e-5)  # both processes learn the batch's loss
+            # stage 0: blocks 0-1 and the embeddings; stage 1: blocks 2-3, the final norm and the head
+            mine = {n for n, g in grads.items() if g is not None}
+            if rank == 0:
+                assert mine == {n for n in expected if n.startswith(("blocks.0.", "blocks.1.", "tok_emb", "pos"))}
+            else:
+                assert mine == {n for n in expected if n.startswith(("blocks.2.", "blocks.3.", "norm_f", "lm_head"))}
+            for name in mine:
+                torch.testing.assert_close(grads[name], expected[name].grad, rtol=1e-4, atol=1e-6, msg=name)
+            # GPipe's order: every forward pass, then every backward pass, micro-batch by micro-batch
+            assert order == [("F", i) for i in range(n_micro)] + [("B", i) for i in range(n_micro)]
+            assert 0 < idle < 1

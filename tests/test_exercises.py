@@ -124,6 +124,7 @@ CHAPTER_CHECKERS = {
         "check_accumulate",
         "check_scaled_step",
         "check_attention_shard",
+        "check_one_f_one_b",
     },
     ch09_inference_and_deployment: {
         "check_kv_cache_gib",
@@ -173,6 +174,13 @@ REFERENCE_ANSWERS = {
     ],  # each micro-batch's mean loss weighted by its share of the batch's target tokens
     "check_scaled_step": unscaled_then_clipped_step,
     "check_attention_shard": library_attention_shard,
+    "check_one_f_one_b": lambda p, m: [  # 1F1B as a sort: stage s's backward of i comes after its forward of
+        sorted(  # i + p - s - 1 (or its last forward): the keys i and i + p - s - 1/2
+            [("F", i) for i in range(m)] + [("B", i) for i in range(m)],
+            key=lambda op, s=s: op[1] + (p - s - 0.5 if op[0] == "B" else 0),
+        )
+        for s in range(p)
+    ],
     "check_quantize_per_group": lambda weight, group_size: (  # each group a row of the library's per-channel
         lambda q, scale: (q.view(weight.shape), scale.view(weight.shape[0], -1))
     )(*quantize_per_channel(weight.reshape(-1, group_size))),
@@ -637,6 +645,7 @@ TENSOR_INPUT_CHECKERS = list(CHECKERS)
 TENSOR_INPUT_CHECKERS.remove("check_sinusoidal_encoding")  # these are given integers only
 TENSOR_INPUT_CHECKERS.remove("check_alibi")  # integers
 TENSOR_INPUT_CHECKERS.remove("check_swiglu_hidden")  # integers
+TENSOR_INPUT_CHECKERS.remove("check_one_f_one_b")  # integers
 TENSOR_INPUT_CHECKERS.remove("check_encode_word")  # strings
 TENSOR_INPUT_CHECKERS.remove("check_layer_norm_module")  # a class built from integers; see test_exercises_ch05.py
 TENSOR_INPUT_CHECKERS.remove("check_accumulate")  # a model and a list of micro-batches; see test_exercises_ch08.py

@@ -236,3 +236,52 @@ def test_attention_shard_names_the_bugs(bug, words, failures, fix):
     assert not result.passed and f"{failures} of 4 checks failed" in result.text, result.text
     assert result.text.count(words) == 1, result.text  # the concept once, however many cases failed
     assert fix not in result.text and any(fix in f for f in result.fixes), result.fixes
+
+
+# ---------------------------------------------------------------- the 1F1B pipeline schedule (extend)
+
+
+def gpipe(p, m):
+    """The chapter's schedule: every forward, then every backward."""
+    return [[("F", i) for i in range(m)] + [("B", i) for i in range(m)] for _ in range(p)]
+
+
+@pytest.mark.parametrize(("p", "m"), [(2, 1), (2, 4), (3, 5), (4, 2), (4, 8)])
+def test_the_paper_timeline_of_gpipe_follows_the_bubble_formula(p, m):
+    """A stage works m (t_F + t_B) of (m + p - 1)(t_F + t_B): idle (p - 1) / (m + p - 1), as the chapter measures."""
+    problem, peaks, finish = ch08.pipeline_timeline(gpipe(p, m), p, m)
+    t = ch08.PIPELINE_T_FORWARD + ch08.PIPELINE_T_BACKWARD
+    assert problem == "ok" and peaks == [m] * p and finish == (m + p - 1) * t
+    assert 1 - m * t / finish == pytest.approx((p - 1) / (m + p - 1))
+
+
+@pytest.mark.parametrize(("p", "m"), [(2, 4), (4, 8), (3, 5), (4, 2), (5, 3)])
+def test_1f1b_finishes_with_gpipe_and_holds_at_most_p_minus_s_micro_batches(p, m):
+    problem, peaks, finish = ch08.pipeline_timeline(ch08._one_f_one_b(p, m), p, m)
+    assert problem == "ok" and finish == ch08.pipeline_timeline(gpipe(p, m), p, m)[2]
+    assert peaks == [min(p - s, m) for s in range(p)]
+
+
+def test_the_timeline_names_a_missing_step_and_a_deadlock():
+    assert "must run ('F', i) and ('B', i) once each" in ch08.pipeline_timeline([[("F", 0)], gpipe(2, 1)[1]], 2, 1)[0]
+    swapped = [[("F", 0), ("B", 0)], [("B", 0), ("F", 0)]]  # stage 1's backward before its own forward
+    problem = ch08.pipeline_timeline(swapped, 2, 1)[0]
+    assert problem.startswith("the schedule deadlocks: ") and "stage 1 at ('B', 0)" in problem
+    assert "every step must be a pair" in ch08.pipeline_timeline([[0, 1], [0, 1]], 2, 1)[0]
+
+
+def test_one_f_one_b_accepts_any_valid_1f1b_and_names_the_classic_mistakes():
+    assert ex.check_one_f_one_b(lambda p, m: ch08._one_f_one_b(p, m)).passed
+    as_lists = ex.check_one_f_one_b(lambda p, m: [[[k, i] for k, i in ops] for ops in ch08._one_f_one_b(p, m)])
+    assert as_lists.passed  # lists instead of tuples are fine
+    for bug, words in [
+        ("gpipe", "that is GPipe's order"),
+        ("same", "every stage runs as many forwards ahead as the first one"),
+        ("reversed", "the first stage must run the most forwards ahead"),
+        ("uncapped", "fewer micro-batches than stages"),
+    ]:
+        result = ex.check_one_f_one_b(lambda p, m, bug=bug: ch08._one_f_one_b(p, m, bug=bug))
+        assert not result.passed and words in result.text, result.text
+        assert "p - s - 1" not in result.text and any("min(p - s - 1, m)" in fix for fix in result.fixes)
+    starter = cell("def one_f_one_b(p, m):\n    ...  # your code here\n")
+    assert ex.check_one_f_one_b(starter).status == "unanswered"

@@ -93,3 +93,51 @@ def test_two_processes_compute_the_network_and_its_gradients(tmp_path):
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "rank 0: equal" in done.stdout and "rank 1: equal" in done.stdout
+
+
+# ---------------------------------------------------------------- pipeline stages: consecutive blocks of a GPT
+
+
+def untied_gpt(n_layers: int = 4):
+    from transformer_lib import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    return GPT(GPTConfig(vocab_size=11, block_size=8, n_layers=n_layers, n_heads=2, d_model=16, tie_weights=False))
+
+
+@pytest.mark.parametrize(
+    ("n_layers", "n_stages", "blocks"), [(4, 1, [4]), (4, 2, [2, 2]), (3, 2, [1, 2]), (4, 4, [1] * 4)]
+)
+def test_the_stages_run_one_after_the_other_are_the_model(n_layers, n_stages, blocks):
+    from transformer_lib.parallel import gpt_stages
+
+    model = untied_gpt(n_layers)
+    stages = gpt_stages(model, n_stages)
+    assert [len(s.blocks) for s in stages] == blocks
+    assert [i for s in stages for i in s.layers] == list(range(n_layers))  # each block once, in order
+    owned = [id(p) for s in stages for p in s.parameters()]
+    assert sorted(owned) == sorted(id(p) for p in model.parameters())  # every parameter on exactly one stage
+    x = torch.randint(0, 11, (3, 8), generator=torch.Generator().manual_seed(2))
+    h = x
+    for s in stages:
+        h = s(h)
+    torch.testing.assert_close(h, model.logits(x))
+    h.sum().backward()  # the gradients land in the model's own parameters
+    assert all(p.grad is not None for p in model.parameters())
+
+
+def test_gpt_stages_refuses_a_tied_head_and_bad_input():
+    from transformer_lib import GPT, GPTConfig
+    from transformer_lib.parallel import gpt_stages, pipeline_step
+
+    tied = GPT(GPTConfig(vocab_size=11, block_size=8, n_layers=2, n_heads=2, d_model=16))
+    with pytest.raises(ValueError, match="tie_weights=False"):
+        gpt_stages(tied, 2)
+    assert len(gpt_stages(tied, 1)) == 1  # one stage holds both ends
+    with pytest.raises(ValueError, match="at most n_layers=4"):
+        gpt_stages(untied_gpt(), 5)
+    with pytest.raises(TypeError, match="GPT"):
+        gpt_stages(FeedForward(4, 8), 2)
+    x = torch.zeros(4, 8, dtype=torch.long)
+    with pytest.raises(RuntimeError, match="torchrun"):
+        pipeline_step(gpt_stages(untied_gpt(), 2)[0], x, x, 2)

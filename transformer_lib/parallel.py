@@ -1,4 +1,6 @@
-"""Tensor parallelism by hand: a feed-forward network split across processes, Megatron-style.
+"""Tensor parallelism and pipeline parallelism by hand (chapter 8).
+
+Tensor parallelism: a feed-forward network split across processes, Megatron-style.
 
 The feed-forward network is ``act(x W1) W2``. Split ``W1`` by columns (each of ``world_size``
 processes holds ``d_ff / world_size`` of the hidden units) and ``W2`` by the matching rows: each
@@ -7,16 +9,30 @@ because the activation acts unit by unit, and the full output is the *sum* of th
 outputs, one all-reduce (Shoeybi et al.'s Megatron-LM). The bias of ``W2`` is added once, after
 the sum. Attention splits the same way along its heads: ``W_q``, ``W_k``, ``W_v`` by columns (whole
 heads per process), the output projection by rows, one all-reduce.
+
+Pipeline parallelism: a GPT's blocks split into consecutive stages, one per process
+(:func:`gpt_stages`), and one GPipe step (:func:`pipeline_step`): the batch cut into ``m``
+micro-batches, every forward pass first (each stage sends its activations to the next), then every
+backward pass (each stage sends the gradient of its input back), the gradients adding up over the
+micro-batches (Huang et al.'s GPipe). A stage waits while the others work: with ``p`` stages and
+equal work per stage, the idle share of a step, the bubble, is ``(p - 1) / (m + p - 1)``.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch import distributed as dist
 
 from ._validate import _validate_int
-from .layers import FeedForward, activate
+from .layers import FeedForward, activate, run_layers
+from .models import GPT
+from .precision import output_in_fp32
 
 
 class TensorParallelFeedForward(nn.Module):
@@ -107,3 +123,172 @@ class _SumOverProcesses(torch.autograd.Function):
     @staticmethod
     def backward(ctx: object, grad: Tensor) -> Tensor:
         return grad
+
+
+# ---------------------------------------------------------------------------------------------- pipeline parallelism
+
+
+class GPTStage(nn.Module):
+    """Stage ``stage`` of ``n_stages`` of a :class:`~transformer_lib.models.GPT`: consecutive blocks, with the
+    embeddings on the first stage and the final norm and output head on the last. It holds the model's own
+    modules (not copies), so gradients land in the model's parameters, and ``stage.parameters()`` are exactly
+    the parameters this stage trains (give them to its process's optimizer).
+
+    Shapes: first stage idx (B, T) -> h (B, T, d_model); middle stages h -> h; last stage h -> logits
+    (B, T, vocab_size); a single stage idx -> logits.
+    """
+
+    def __init__(self, model: GPT, stage: int, n_stages: int) -> None:
+        super().__init__()
+        n_layers = len(model.blocks)
+        self.first, self.last = stage == 0, stage == n_stages - 1
+        lo, hi = stage * n_layers // n_stages, (stage + 1) * n_layers // n_stages  # as even as the blocks allow
+        self.layers, self.d_model = range(lo, hi), model.config.d_model
+        if self.first:
+            self.tok_emb, self.pos, self.dropout, self.emb_scale = (
+                model.tok_emb,
+                model.pos,
+                model.dropout,
+                model.emb_scale,
+            )
+        self.blocks = nn.ModuleList(model.blocks[lo:hi])
+        if self.last:
+            self.norm_f, self.lm_head = model.norm_f, model.lm_head
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.first:  # token ids -> embeddings, as GPT._hidden does
+            x = self.tok_emb(x) * self.emb_scale
+            if self.pos is not None:
+                x = self.pos(x)
+            x = self.dropout(x)
+        x, _ = run_layers(self.blocks, x)
+        if self.last:
+            x = output_in_fp32(self.lm_head, self.norm_f(x))
+        return x
+
+
+def gpt_stages(model: GPT, n_stages: int) -> list[GPTStage]:
+    """``model`` cut into ``n_stages`` pipeline stages of consecutive blocks (stage ``s`` holds blocks
+    ``s * n_layers // n_stages`` to ``(s + 1) * n_layers // n_stages - 1``). Running them one after the other
+    is ``model.logits``. A tied output head would live on the first stage and the last at once, so the model
+    must be untied (``tie_weights=False``) when ``n_stages > 1``.
+
+    Shapes: see :class:`GPTStage`.
+
+    Defined in chapter 8, Training at scale.
+    """
+    if not isinstance(model, GPT):
+        raise TypeError(f"model must be a transformer_lib GPT, got {type(model).__name__}")
+    n_stages = _validate_int("n_stages", n_stages, 1)
+    if n_stages > len(model.blocks):
+        raise ValueError(f"n_stages must be at most n_layers={len(model.blocks)}, got {n_stages}")
+    if n_stages > 1 and model.lm_head.weight is model.tok_emb.weight:
+        raise ValueError(
+            "the output head is tied to the token embedding, which would live on the first and the last stage: "
+            "build the GPT with tie_weights=False to split it"
+        )
+    if model.config.positional not in ("learned", "sinusoidal"):
+        raise ValueError(f"gpt_stages supports learned or sinusoidal positions, got {model.config.positional!r}")
+    return [GPTStage(model, s, n_stages) for s in range(n_stages)]
+
+
+@dataclass
+class PipelineStep:
+    """What one GPipe step did on this process.
+
+    ``loss``: the batch's mean loss (every process receives it from the last stage). ``events``: this stage's
+    work, ``(kind, micro_batch, start, end)`` with kind ``"F"`` (forward) or ``"B"`` (backward) and times in
+    seconds from the step's start (after a barrier), waiting for messages not included. ``seconds``: from
+    that barrier to the barrier after the last stage finished. ``idle``: the share of ``seconds`` this stage
+    did no work, its bubble (communication counts as idle).
+    """
+
+    loss: float
+    seconds: float
+    events: list[tuple[str, int, float, float]] = field(default_factory=list)
+
+    @property
+    def idle(self) -> float:
+        return 1 - sum(end - start for _, _, start, end in self.events) / self.seconds
+
+
+def pipeline_step(stage: GPTStage, x: Tensor, y: Tensor, n_micro: int) -> PipelineStep:
+    """One GPipe forward and backward pass of the batch ``(x, y)`` through a pipeline of ``GPTStage``s, one per
+    process of the ``torch.distributed`` group, in rank order (rank ``r`` runs stage ``r``).
+
+    The batch is cut into ``n_micro`` equal micro-batches. Forward: stage ``r`` receives each micro-batch's
+    activations from rank ``r - 1`` (the first stage embeds ``x`` instead), runs its blocks and sends the
+    result to rank ``r + 1``; the last stage computes each micro-batch's mean loss. Backward, micro-batch by
+    micro-batch in the same order: the last stage backpropagates ``loss_i / n_micro``, every stage sends the
+    gradient of its input to the previous one, and the parameters' gradients add up, to those of the whole
+    batch's mean loss (as gradient accumulation). No optimizer step: call it after this, on every stage.
+    Every process passes the whole batch; the first stage reads ``x``, the last ``y``. fp32 only.
+
+    Shapes: x, y (B, T) token ids and targets, B divisible by ``n_micro``.
+
+    Defined in chapter 8, Training at scale.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError("pipeline_step needs torch.distributed: launch with torchrun and call init_distributed()")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if not isinstance(stage, GPTStage) or stage.first != (rank == 0) or stage.last != (rank == world - 1):
+        raise ValueError(f"rank {rank} of {world} must run stage {rank} of a gpt_stages(model, {world}) split")
+    n_micro = _validate_int("n_micro", n_micro, 1)
+    if x.dim() != 2 or x.shape != y.shape or x.shape[0] % n_micro:
+        raise ValueError(
+            f"x and y must be (B, T) with B divisible by n_micro={n_micro}, got {tuple(x.shape)} and {tuple(y.shape)}"
+        )
+    device = next(stage.parameters()).device
+    xs, ys = x.to(device).chunk(n_micro), y.to(device).chunk(n_micro)
+    shape = (x.shape[0] // n_micro, x.shape[1], stage.d_model)  # (B / n_micro, T, d_model): what travels
+    events, inputs, outputs, losses, sends = [], [], [], [], []
+    dist.barrier()
+    t0 = time.perf_counter()
+
+    def timed(kind: str, i: int, work: Callable[[], Tensor]) -> Tensor:
+        start = time.perf_counter() - t0
+        out = work()
+        events.append((kind, i, start, time.perf_counter() - t0))
+        return out
+
+    for i in range(n_micro):  # every forward pass first
+        if stage.first:
+            h_in = xs[i]
+        else:
+            h_in = torch.empty(shape, device=device)
+            dist.recv(h_in, src=rank - 1)
+            h_in.requires_grad_()
+        out = timed("F", i, lambda h_in=h_in: stage(h_in))
+        if stage.last:
+            losses.append(timed("F", i, lambda out=out, i=i: F.cross_entropy(out.flatten(0, 1), ys[i].flatten())))
+        else:
+            sends.append((dist.isend(out.detach(), dst=rank + 1), out))  # keep what travels alive
+        inputs.append(h_in)
+        outputs.append(out)
+    for i in range(n_micro):  # then every backward pass
+        if stage.last:
+            timed("B", i, lambda i=i: (losses[i] / n_micro).backward())
+        else:
+            grad = torch.empty(shape, device=device)
+            dist.recv(grad, src=rank + 1)
+            timed("B", i, lambda i=i, grad=grad: outputs[i].backward(grad))
+        if not stage.first:
+            sends.append((dist.isend(inputs[i].grad, dst=rank - 1), inputs[i]))
+    for work, _ in sends:
+        work.wait()
+    loss = torch.tensor([sum(loss_i.item() for loss_i in losses) / n_micro if stage.last else 0.0])
+    dist.barrier()
+    seconds = time.perf_counter() - t0
+    dist.broadcast(loss, src=world - 1)  # every process learns the batch's loss
+    return PipelineStep(loss=loss.item(), seconds=seconds, events=_merged(events))
+
+
+def _merged(events: list[tuple[str, int, float, float]]) -> list[tuple[str, int, float, float]]:
+    """The last stage times a micro-batch's blocks and its loss separately: one forward event each."""
+    out: list[tuple[str, int, float, float]] = []
+    for e in events:
+        if out and out[-1][:2] == e[:2]:
+            out[-1] = (e[0], e[1], out[-1][2], e[3])
+        else:
+            out.append(e)
+    return out

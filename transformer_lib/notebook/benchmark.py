@@ -1,11 +1,12 @@
-"""Training speed against a well-known minimal GPT, measured side by side (chapter 7).
+"""Training speed against a well-known minimal GPT, measured side by side (chapter 8).
 
 :class:`ReferenceGPT` has the architecture of nanoGPT's ``model.py`` (Pre-LN blocks with one
 fused ``c_attn`` projection, ``F.scaled_dot_product_attention(is_causal=True)``, exact-GELU
 MLP, learned positions, tied output head, ``bias`` on or off for linears and norms), written
 here from its description, and is trained with nanoGPT's ``train.py`` loop: AdamW with decay
-on matrices (fused on CUDA only), fp32 on the CPU and autocast on CUDA, gradient clipping, the
-loss read back every step. :func:`train_side_by_side` trains it and the library's model (through
+on matrices (fused on CUDA only), gradient clipping, the loss read back every step, in the
+library's precision of each run (fp32, or under the same autocast), so that a comparison is
+between engines, not precisions. :func:`train_side_by_side` trains it and the library's model (through
 :class:`~transformer_lib.training.Trainer`) with the same schedule, alternating step by step on
 the same batches so that both see the same machine load, then evaluates both on the same
 validation batches.

@@ -37,7 +37,7 @@ checks a prediction (a number) instead of a function; every call is recorded for
 - ``ch07_decoder_only``: ``check_encode_word``, ``check_swiglu_hidden``, ``check_kv_cache_bytes``,
   ``check_gqa_step``
 - ``ch08_training_at_scale``: ``check_amp_state_bytes``, ``check_accumulate``, ``check_scaled_step``,
-  ``check_attention_shard``
+  ``check_attention_shard``, ``check_one_f_one_b``
 - ``ch09_inference_and_deployment``: ``check_kv_cache_gib``, ``check_quantize_per_group``, ``check_soft_loss``,
   ``check_accepted_tokens``
 """
@@ -64,6 +64,7 @@ from .ch08_training_at_scale import (
     check_accumulate,
     check_amp_state_bytes,
     check_attention_shard,
+    check_one_f_one_b,
     check_scaled_step,
 )
 from .ch09_inference_and_deployment import (
@@ -108,6 +109,7 @@ __all__ = [
     "check_accumulate",
     "check_scaled_step",
     "check_attention_shard",
+    "check_one_f_one_b",
     "check_kv_cache_gib",
     "check_quantize_per_group",
     "check_soft_loss",

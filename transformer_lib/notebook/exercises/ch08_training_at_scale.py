@@ -1,7 +1,9 @@
 """Chapter 8, training at scale: the training state of a model converted to bf16, gradient accumulation over
-padded micro-batches, a loss-scaled step with clipping, and attention split over processes by heads.
+padded micro-batches, a loss-scaled step with clipping, attention split over processes by heads, and the 1F1B
+pipeline schedule.
 
-``check_amp_state_bytes`` (a prediction), ``check_accumulate``, ``check_scaled_step``, ``check_attention_shard``.
+``check_amp_state_bytes`` (a prediction), ``check_accumulate``, ``check_scaled_step``, ``check_attention_shard``,
+``check_one_f_one_b``.
 """
 
 from __future__ import annotations
@@ -20,13 +22,20 @@ from ...memory import adamw_bytes_per_parameter
 from ...models import GPT, GPTConfig
 from ._framework import Bug, Checker, Hint, bug_table, checker
 
-__all__ = ["check_amp_state_bytes", "check_accumulate", "check_scaled_step", "check_attention_shard"]
+__all__ = [
+    "check_amp_state_bytes",
+    "check_accumulate",
+    "check_scaled_step",
+    "check_attention_shard",
+    "check_one_f_one_b",
+]
 
 ANSWER_MARKERS: dict[str, tuple[str, ...]] = {  # exercise label -> strings that would give its answer away
     "ex-bf16-state": ("2 + 2 + 2 x 2", "2 + 2 + 2 \\times 2", "zeros_like(p)"),
     "ex-accumulate-padding": ("(y != -100).sum()", "n_i / n", "same number of target tokens", 'reduction="sum"'),
     "ex-clip-scaled": ("unscale_", "clip only after", "after unscaling"),
     "ex-attention-shard": ("out_proj.weight[:,",),
+    "ex-one-f-one-b": ("p - s - 1", "p - 1 - s", "n_stages - stage - 1", "warm-up of p - s"),
 }
 
 IGNORE = -100
@@ -526,4 +535,145 @@ def check_attention_shard(
             bugs=bug_table(_SHARD_BUGS, _shards_with_bug, attn, x, world_size),
             hint=_SHARD_HINT,
             inputs={"attn": attn, "x": x},
+        )
+
+
+# --------------------------------------------------------------------------- the 1F1B pipeline schedule
+
+PIPELINE_T_FORWARD, PIPELINE_T_BACKWARD = 1, 2
+"""The time units of :func:`pipeline_timeline`: a backward pass costs about two forward passes."""
+
+
+def pipeline_timeline(schedule: Any, p: int, m: int) -> tuple[str, list[int], int]:
+    """Run a pipeline schedule on paper: ``(problem, peaks, finish)``.
+
+    ``schedule[s]`` is stage ``s``'s order of work, ``("F", i)`` and ``("B", i)`` for the micro-batches ``i`` of
+    ``range(m)``. Each step starts as early as its stage is free and its inputs exist: stage ``s``'s forward of
+    ``i`` needs stage ``s - 1``'s, its backward needs its own forward and stage ``s + 1``'s backward; a forward
+    takes :data:`PIPELINE_T_FORWARD`, a backward :data:`PIPELINE_T_BACKWARD`, a message no time. ``problem`` is
+    ``"ok"`` or what is wrong (a missing step, a deadlock); ``peaks[s]``: the most micro-batches whose forward
+    stage ``s`` has run and whose backward it has not (their activations are held); ``finish``: when the last
+    step ends.
+    """
+    if not isinstance(schedule, (list, tuple)) or len(schedule) != p:
+        return (f"expected a list of {p} lists, one per stage, got {_short_repr(schedule)}", [], 0)
+    everything = sorted([("F", i) for i in range(m)] + [("B", i) for i in range(m)])
+    orders = []
+    for s, ops in enumerate(schedule):
+        try:
+            ops = [(str(kind), int(i)) for kind, i in ops]
+        except (TypeError, ValueError):
+            return (f"stage {s}: every step must be a pair, ('F', i) or ('B', i), got {_short_repr(ops)}", [], 0)
+        if sorted(ops) != everything:
+            return (f"stage {s} must run ('F', i) and ('B', i) once each for i = 0 to {m - 1}", [], 0)
+        orders.append(ops)
+    done: dict[tuple[str, int, int], int] = {}
+    free, position = [0] * p, [0] * p
+    progress = True
+    while progress:
+        progress = False
+        for s in range(p):
+            while position[s] < 2 * m:
+                kind, i = orders[s][position[s]]
+                needs = [("F", s - 1, i)] if kind == "F" and s > 0 else []
+                if kind == "B":
+                    needs += [("F", s, i)] + ([("B", s + 1, i)] if s < p - 1 else [])
+                if not all(n in done for n in needs):
+                    break
+                start = max([free[s]] + [done[n] for n in needs])
+                free[s] = done[(kind, s, i)] = start + (PIPELINE_T_FORWARD if kind == "F" else PIPELINE_T_BACKWARD)
+                position[s] += 1
+                progress = True
+    if any(n < 2 * m for n in position):
+        stuck = ", ".join(f"stage {s} at {orders[s][n]}" for s, n in enumerate(position) if n < 2 * m)
+        return (f"the schedule deadlocks: {stuck} wait for work that never comes", [], 0)
+    peaks = []
+    for ops in orders:
+        held = peak = 0
+        for kind, _ in ops:
+            held += 1 if kind == "F" else -1
+            peak = max(peak, held)
+        peaks.append(peak)
+    return ("ok", peaks, max(free))
+
+
+def _short_repr(x: Any, limit: int = 80) -> str:
+    text = repr(x)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _one_f_one_b(p: int, m: int, *, bug: str = "") -> list[list[tuple[str, int]]]:
+    """The 1F1B schedule (PipeDream-Flush): stage ``s`` runs the forwards it can before the first gradient
+    returns, then alternates one forward and one backward, then drains the backwards; or a classic mistake."""
+    schedule = []
+    for s in range(p):
+        ahead = {"gpipe": m, "same": min(p - 1, m), "reversed": min(s, m), "uncapped": p - s - 1}.get(bug, None)
+        ahead = min(p - s - 1, m) if ahead is None else ahead
+        ops = [("F", i) for i in range(ahead)]
+        f, b = ahead, 0  # the next forward, the oldest backward not run yet
+        while f < m:  # the steady state: one forward, one backward
+            ops += [("F", f), ("B", b)]
+            f, b = f + 1, b + 1
+        ops += [("B", i) for i in range(b, m)]  # the last backwards
+        schedule.append(ops)
+    return schedule
+
+
+def _timeline_with_bug(p: int, m: int, *, bug: str) -> tuple[str, list[int], int]:
+    return pipeline_timeline(_one_f_one_b(p, m, bug=bug), p, m)
+
+
+_ONE_F_ONE_B_CASES = ((2, 4), (4, 8), (3, 5), (4, 2))  # (p, m): m < p in the last
+_ONE_F_ONE_B_FIX = (
+    "stage s runs min(p - s - 1, m) forwards ahead, then alternates ('F', next) and ('B', oldest) until every "
+    "forward is done, then runs the remaining backwards: the last stage alternates from the start."
+)
+_ONE_F_ONE_B_BUGS = {  # bug -> hint, for _one_f_one_b(..., bug=bug)
+    "gpipe": Hint(
+        "that is GPipe's order, every forward before the first backward: each stage holds the activations of all "
+        "m micro-batches at its peak. A stage can run a micro-batch's backward as soon as the next stage has sent "
+        "that micro-batch's gradient back; it need not finish its forwards first.",
+        _ONE_F_ONE_B_FIX,
+    ),
+    "same": Hint(
+        "every stage runs as many forwards ahead as the first one. The last stage computes the loss itself, so it "
+        "can run each backward right after its forward; a later stage gets its first gradient sooner and needs "
+        "fewer forwards in flight to stay busy, and the extra ones also delay the gradients the earlier stages "
+        "wait for.",
+        _ONE_F_ONE_B_FIX,
+    ),
+    "reversed": Hint(
+        "the first stage must run the most forwards ahead, not the fewest: its first gradient comes back only "
+        "after micro-batch 0 has gone through every later stage and back.",
+        _ONE_F_ONE_B_FIX,
+    ),
+    "uncapped": Hint(
+        "with fewer micro-batches than stages, a stage cannot run more forwards ahead than there are micro-batches.",
+        _ONE_F_ONE_B_FIX,
+    ),
+}
+_ONE_F_ONE_B_HINT = Hint(
+    "count how many forwards stage s can run before the gradient of micro-batch 0 comes back to it (it travels "
+    "forward through the later stages and back), keep that many micro-batches in flight, then alternate one "
+    "forward with one backward. Reread 'Pipeline parallelism by hand' for the order of the messages.",
+    _ONE_F_ONE_B_FIX,
+)
+
+
+@checker
+def check_one_f_one_b(c: Checker, one_f_one_b: Callable[[int, int], Any]) -> None:
+    """Check ``one_f_one_b(p, m)``: for each of ``p`` pipeline stages, its order of work on ``m`` micro-batches,
+    ``[("F", 0), ..., ("B", 0), ...]``, such that stage ``s`` never holds the activations of more than
+    ``min(p - s, m)`` micro-batches and the step ends as early as GPipe's (every forward, then every backward).
+    Each case is run on paper by :func:`pipeline_timeline` and compared as (problem, the most micro-batches each
+    stage holds, the finishing time).
+    """
+    for p, m in _ONE_F_ONE_B_CASES:
+        c.case(
+            f"{p} stages, {m} micro-batches: (problem, micro-batches held per stage, finish time)",
+            lambda p, m: pipeline_timeline(one_f_one_b(p, m), p, m),
+            pipeline_timeline(_one_f_one_b(p, m), p, m),
+            bugs=bug_table(_ONE_F_ONE_B_BUGS, _timeline_with_bug, p, m),
+            hint=_ONE_F_ONE_B_HINT,
+            inputs={"p": p, "m": m},
         )
