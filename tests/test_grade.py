@@ -527,7 +527,7 @@ def test_the_exit_status_says_whether_everything_was_graded(tmp_path):
     bad = subprocess.run([*grader, "x.ipynb", "--chapter", "42"], capture_output=True, text=True)
     assert bad.returncode == 2 and "--chapter: no chapter '42'" in bad.stderr
     usage = subprocess.run([*grader, "--help"], capture_output=True, text=True).stdout
-    assert all(word in usage for word in ("--chapter", "-j", "exit status", "130 interrupted"))
+    assert all(word in usage for word in ("--chapter", "-j", "--sandbox", "bubblewrap", "--memory", "130 interrupted"))
 
 
 def test_the_teachers_copies_name_their_chapter():

@@ -3,21 +3,45 @@
 Usage::
 
     python -m transformer_lib.grade SUBMISSION.ipynb [...] [--csv OUT.csv] [--summary S.csv] [--timeout S]
-                                    [--chapter N] [-j N]
+                                    [--chapter N] [-j N] [--sandbox] [--memory GB]
 
-Each submission runs top to bottom in a new Python kernel (nbclient), in an empty temporary folder,
-with at most ``--timeout`` seconds for the whole notebook (default 600); ``-j N`` runs N of them at a
-time. A cell that raises does not stop the run: the next cells still execute, as "Run all" would not,
-so one broken exercise costs only that exercise. Every checker call appends a record (checker,
-status, feedback) to a JSON-lines file whose path the kernel receives in ``TRANSFORMER_BOOK_RESULTS``;
-the grader reads those records, not the printed text, and keeps no output but the errors, so a
-notebook that prints 60 MB costs the grader nothing. The exercises a submission should answer come
-from the book's catalogue (``exercises/catalogue.json``), for the chapter given by ``--chapter``, or
-else named in the notebook's metadata (the Colab and teacher copies carry it), by its ``Exercise 3.2``
-headings or in its file name (``03_multi_head_attention.ipynb``), so deleting an exercise's cells does
-not remove it from the grade. When those disagree, a ``(warning)`` row says so.
+Each submission runs top to bottom in a new Python kernel (nbclient), with at most ``--timeout`` seconds
+for the whole notebook (default 600); ``-j N`` runs N of them at a time. A cell that raises does not stop
+the run: the next cells still execute, as "Run all" would not, so one broken exercise costs only that
+exercise. The exercises a submission should answer come from the book's catalogue
+(``exercises/catalogue.json``), for the chapter given by ``--chapter``, or else named in the notebook's
+metadata (the Colab and teacher copies carry it), by its ``Exercise 3.2`` headings or in its file name
+(``03_multi_head_attention.ipynb``), so deleting an exercise's cells does not remove it from the grade.
+When those disagree, a ``(warning)`` row says so.
 
-Each submission is named by its path relative to the common folder of all the arguments
+**Where a submission runs.** Each kernel starts in a new temporary folder that holds only a copy of its
+notebook, through a small wrapper (:mod:`._contain`) that is the *subreaper* of everything the kernel
+starts: when the notebook ends, runs out of time or is stopped, every process it started is killed, also
+one that left the kernel's process group and session (``setsid sleep 300``). The kernel may allocate at
+most ``--memory`` GB (default 8; ``RLIMIT_DATA``): an allocation beyond it fails in the student's cell
+(``MemoryError``, named in the row), not in the grader. The grader re-executes itself with its arguments
+in an unnamed file, so that no process's command line (``/proc/*/cmdline``) shows the other submissions'
+paths or the CSV's. With ``--sandbox`` (Linux, bubblewrap's ``bwrap``) the kernel also runs in new
+namespaces: no network (only a loopback of its own), no other process visible, the system and Python
+read-only, the book's package visible but not the folder that holds it, ``/tmp`` empty, and only its
+temporary folder writable.
+
+**How results come back.** After every cell the grader asks the kernel, in the execute request's
+``user_expressions``, for the record of each checker's last call (:func:`.exercises._framework.grader_records`);
+the value comes back in that cell's execute reply. What a cell prints, displays or writes to a file is
+never read: a record printed or appended to a results file passes nothing. Outputs other than errors are
+dropped as they arrive, so a notebook that prints 60 MB costs the grader nothing.
+
+**What remains possible.** The checkers run in the student's own kernel, as in nbgrader and otter-grader:
+code in the notebook can change what a checker sees or reports, for instance by monkeypatching
+``torch.softmax`` so that a checker comparing with it passes, or by editing the checkers' records in
+memory. Nothing outside the kernel re-checks an answer, so a grade is as trustworthy as the student's
+good faith against someone who reads this library's code; read the notebooks of a grade that surprises
+you. Without ``--sandbox``, a submission runs with your permissions: it can read and write any file you
+can and use the network. Use ``--sandbox``, or a container or an unprivileged user, for notebooks you do
+not trust.
+
+**The rows.** Each submission is named by its path relative to the common folder of all the arguments
 (``alice/01_attention.ipynb``), and its student by the first folder under it (``alice``), or by the
 file's stem when the submissions lie side by side. An exercise passes when the last call of each of
 its checkers passed; a starter left as given (``...``, or a *Spot the bug*'s buggy code unchanged)
@@ -34,10 +58,6 @@ passed in each chapter. Both files are written whole or not at all (a temporary 
 place), also after Ctrl-C, which stops grading and keeps the rows done. The exit status is 0 when
 every submission was graded, 1 when some could not be (unreadable, no chapter, the grader's failure),
 130 after Ctrl-C, and 2 for a bad command line.
-
-The grader is not a sandbox: a submission's code runs with your permissions, and since it runs in
-the same process as the checkers, a student who sets out to forge records can. Grade untrusted
-notebooks in a container or as an unprivileged user.
 """
 
 from __future__ import annotations
