@@ -700,3 +700,14 @@ def test_the_sandbox_has_no_network_a_read_only_system_and_only_its_folder_writa
     finally:
         listener.close()
         outside.unlink(missing_ok=True)
+
+
+@pytest.mark.notebooks
+def test_a_check_in_a_cell_that_then_raises_still_counts(tmp_path):
+    """A cell that raises gets no records in its reply; the next cell's reply, or the grader's own last
+    cell's, brings them."""
+    cells = ("check_guess(42)\nraise ValueError('after the check')", "check_double(lambda x: 2 * x)\nraise ValueError")
+    late = write(tmp_path, "late.ipynb", notebook(*cells))
+    rows = by_exercise(grade.grade_notebook(late, 60, catalogue=FAKE))
+    assert rows["Exercise 99.1"].passed and rows["Exercise 99.2"].passed
+    assert "2 cell(s) raised" in rows[grade.NOTEBOOK_ROW].feedback
