@@ -334,7 +334,8 @@ def _kernel_manager(run_dir: Path, prefix: list[str]) -> Any:
 
     kernel = run_dir / "kernel"
     kernel.mkdir()
-    return ContainedKernelManager(kernel_name="python3", transport="ipc", connection_file=str(kernel / "c.json"))
+    transport = "ipc" if os.name == "posix" else "tcp"  # zmq has no Unix sockets on Windows
+    return ContainedKernelManager(kernel_name="python3", transport=transport, connection_file=str(kernel / "c.json"))
 
 
 def _client_class() -> type:
@@ -398,10 +399,12 @@ def execute(nb: Any, timeout_s: float, stop: Stop | None = None, limits: Limits 
         work.mkdir()
         home.mkdir()
         nbformat.write(nb, work / "submission.ipynb")
-        prefix = [sys.executable, "-I", "-S", str(CONTAIN)]
-        if limits.memory_bytes:
-            prefix += ["--memory-bytes", str(limits.memory_bytes)]
-        prefix.append("--")
+        prefix: list[str] = []
+        if os.name == "posix":  # Windows: no containment, no memory limit (the docstring says Linux)
+            prefix = [sys.executable, "-I", "-S", str(CONTAIN)]
+            if limits.memory_bytes:
+                prefix += ["--memory-bytes", str(limits.memory_bytes)]
+            prefix.append("--")
         env = {k: v for k, v in os.environ.items() if k != RESULTS_ENV}
         env |= {"MPLBACKEND": "Agg", "TQDM_DISABLE": "1"}
         if limits.sandbox:
