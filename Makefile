@@ -36,8 +36,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 QUIET_PIP := { grep -v "is ignored: it is neither a file nor a directory" || true; }
 
-.PHONY: help setup book lint format test test-fast test-floor test-lib browser student colab grade lock busy-check \
-	fp32-check reseed-check clean distclean
+.PHONY: help setup book lint format test test-fast test-floor test-lib browser sandbox student colab grade nbgrader lock \
+	busy-check fp32-check reseed-check clean distclean
 .DEFAULT_GOAL := help
 
 # Each target's line ends with `## what it does`; `make help` prints those.
@@ -86,7 +86,11 @@ format: setup  ## apply ruff's fixes and formatting
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-test: setup browser  ## the whole test suite
+# bubblewrap, for `python -m transformer_lib.grade --sandbox` and its test (Debian package; Linux only).
+sandbox:  ## bubblewrap, for the grader's --sandbox (apt-get, Debian)
+	command -v bwrap >/dev/null || (apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null)
+
+test: setup browser sandbox  ## the whole test suite
 	$(BIN)/python -m pytest
 
 # Everything but the tests marked slow, notebooks, book, browser or benchmark (pyproject.toml).
@@ -121,9 +125,18 @@ student: setup  ## student copies of the chapters in _build/student
 colab: setup  ## the committed Colab notebooks in colab/ and the grader's catalogue
 	$(BIN)/python scripts/make_colab.py
 
-# Grade a class: `make grade SUBMISSIONS="alice/01_attention.ipynb bob/01_attention.ipynb" [CSV=grades.csv] [JOBS=2]`.
-grade: setup  ## grade a class: make grade SUBMISSIONS="a.ipynb b.ipynb" [CSV=grades.csv] [JOBS=2]
-	$(BIN)/python -m transformer_lib.grade $(SUBMISSIONS) $(if $(CSV),--csv $(CSV),) $(if $(JOBS),-j $(JOBS),)
+# Grade a class: `make grade SUBMISSIONS="alice/01_attention.ipynb bob/01_attention.ipynb" [CSV=grades.csv] [JOBS=2]
+# [SANDBOX=1]` (SANDBOX=1: each kernel under bubblewrap, `make sandbox` installs it). make's own command line
+# shows SUBMISSIONS to the submissions; `python -m transformer_lib.grade` hides its arguments.
+grade: setup  ## grade a class: make grade SUBMISSIONS="a.ipynb b.ipynb" [CSV=grades.csv] [JOBS=2] [SANDBOX=1]
+	$(BIN)/python -m transformer_lib.grade $(SUBMISSIONS) $(if $(CSV),--csv $(CSV),) $(if $(JOBS),-j $(JOBS),) \
+		$(if $(SANDBOX),--sandbox,)
+
+# The exercises as an nbgrader course in _build/nbgrader (COURSE=...): nbgrader_config.py and
+# source/<chapter>/<chapter>.ipynb, for `nbgrader generate_assignment`, release, collect and autograde.
+COURSE ?= _build/nbgrader
+nbgrader: setup  ## the exercises as an nbgrader course in _build/nbgrader (scripts/make_nbgrader.py)
+	$(BIN)/python scripts/make_nbgrader.py $(COURSE)
 
 # The newest versions: a fresh $(LATEST_VENV) installed without the lock, its lock written next to it,
 # LOCK_CHECKS run in it (the fast tests, which check that candidate lock through BOOK_LOCK, and the book
@@ -156,6 +169,6 @@ clean:  ## the build outputs (_build)
 
 # Everything `make` made: also the virtual environments, the vendored JavaScript (book/_vendor, from npm)
 # and the tools' caches. The next `make book` starts from scratch.
-distclean: clean  ## also .venv, .venv-latest, .venv-floor, book/_vendor and the caches
-	rm -rf $(VENV) $(LATEST_VENV) $(FLOOR_VENV) book/_vendor book/_vendor.partial-* build \
+distclean: clean  ## also .venv, .venv-latest, .venv-floor, .venv-nbgrader, book/_vendor and the caches
+	rm -rf $(VENV) $(LATEST_VENV) $(FLOOR_VENV) .venv-nbgrader book/_vendor book/_vendor.partial-* build \
 		.pytest_cache .ruff_cache .mypy_cache .hypothesis

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
+import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -13,6 +17,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from conftest import in_ci
 from transformer_lib.notebook import grade
 from transformer_lib.notebook.exercises import Checker, Hint, checker
 from transformer_lib.notebook.exercises._framework import RESULTS_ENV
@@ -523,10 +528,186 @@ def test_the_exit_status_says_whether_everything_was_graded(tmp_path):
     bad = subprocess.run([*grader, "x.ipynb", "--chapter", "42"], capture_output=True, text=True)
     assert bad.returncode == 2 and "--chapter: no chapter '42'" in bad.stderr
     usage = subprocess.run([*grader, "--help"], capture_output=True, text=True).stdout
-    assert all(word in usage for word in ("--chapter", "-j", "exit status", "130 interrupted"))
+    assert all(word in usage for word in ("--chapter", "-j", "--sandbox", "bubblewrap", "--memory", "130 interrupted"))
 
 
 def test_the_teachers_copies_name_their_chapter():
     for path in sorted((ROOT / "chapters").glob("*.ipynb")):
         metadata = json.loads(path.read_text(encoding="utf-8"))["metadata"]
         assert metadata.get("transformer_book") == {"chapter": path.stem, "copy": "teacher"}, path.name
+
+
+# ---------------------------------------------------------------- isolation (a kernel each)
+
+
+def _processes() -> dict[int, list[str]]:
+    """Every process's command line, by pid."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if entry.name.isdigit():
+                found[int(entry.name)] = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
+    return found
+
+
+linux_only = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux's /proc")
+
+
+@linux_only
+@pytest.mark.notebooks
+def test_processes_a_submission_leaves_behind_are_killed_even_in_a_session_of_their_own(tmp_path):
+    marker = f"{300 + os.getpid() % 1000}.25"  # sleep's argument, to find these processes again
+    started = tmp_path / "started"
+    orphans = write(tmp_path, "orphans.ipynb", notebook(f"""\
+import os, subprocess, sys
+subprocess.Popen(['setsid', 'sleep', '{marker}'])  # leaves the kernel's process group and session
+if os.fork() == 0:  # a double fork: the grandchild is re-parented when its parent exits
+    if os.fork() == 0:
+        os.setsid()
+        os.execvp('sleep', ['sleep', '{marker}'])
+    os._exit(0)
+import time
+time.sleep(1)
+open({str(started)!r}, 'w').write('ok')""", "check_double(lambda x: 2 * x)"))  # fmt: skip
+    rows = by_exercise(grade.grade_notebook(orphans, 60, catalogue=FAKE))
+    assert rows["Exercise 99.1"].passed and started.exists()
+    time.sleep(0.5)
+    left = [pid for pid, command in _processes().items() if command == ["sleep", marker]]
+    assert left == [], f"processes the submission started outlived its grade: {left}"
+
+
+@linux_only
+@pytest.mark.notebooks
+def test_a_submission_finds_no_other_students_path_on_any_command_line(tmp_path):
+    """The review's probe: read every /proc/*/cmdline. The grader re-executes itself without its arguments."""
+    seen = tmp_path / "seen.json"
+    probe = f"""\
+import json, pathlib
+lines = []
+for path in pathlib.Path('/proc').glob('[0-9]*/cmdline'):
+    try:
+        lines.append(path.read_bytes().decode(errors='replace'))
+    except OSError:
+        pass
+pathlib.Path({str(seen)!r}).write_text(json.dumps(lines))"""
+    for student in ("alice", "bob"):
+        (tmp_path / student).mkdir()
+        write(tmp_path / student, "homework.ipynb", notebook(probe, chapter=sorted(load_catalogue())[0]))
+    out = tmp_path / "marks" / "grades.csv"
+    grader = [sys.executable, "-m", "transformer_lib.grade", "--timeout", "120", "--csv", str(out)]
+    done = subprocess.run([*grader, "alice/homework.ipynb", "bob/homework.ipynb"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=400)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = json.loads(seen.read_text())  # what bob's notebook, graded last, saw
+    assert any("ipykernel_launcher" in line for line in lines)  # it did see the processes
+    assert not [line for line in lines if str(tmp_path) in line], lines  # no submission's path, nor the CSV's
+    assert "alice/homework.ipynb" in out.read_text()
+
+
+FORGED = {"checker": "check_double", "status": "passed", "passed": True, "feedback": "check_double: All passed."}
+
+
+@pytest.mark.notebooks
+def test_a_forged_record_passes_nothing(tmp_path):
+    """The review's forgery, appending a record to the results file named in the environment, and its
+    variants: a record in any file the kernel can write, or printed. Only the execute replies count."""
+    forge = f"""\
+import json, os
+record = json.dumps({FORGED!r})
+for path in {{os.environ.get({RESULTS_ENV!r}) or '.checker-results.jsonl', '.checker-results.jsonl'}}:
+    with open(path, 'a') as f:
+        f.write(record + '\\n')
+print(record)
+print(record.replace('check_double', 'check_guess'))"""
+    forger = write(tmp_path, "forger.ipynb", notebook(forge, "check_double(lambda x: x)", forge))
+    rows = by_exercise(grade.grade_notebook(forger, 60, catalogue=FAKE))
+    assert not rows["Exercise 99.1"].passed and "expected 6, got 3" in rows["Exercise 99.1"].feedback
+    assert not rows["Exercise 99.2"].passed and "check_guess was never called" in rows["Exercise 99.2"].feedback
+
+
+@pytest.mark.notebooks
+def test_each_submission_runs_alone_in_a_fresh_folder_with_a_copy_of_its_notebook(tmp_path):
+    checks = """\
+import os
+assert os.listdir('.') == ['submission.ipynb'], os.listdir('.')
+assert os.path.realpath('.') != {folder!r}
+open('left_behind.txt', 'w').write('x')"""
+    paths = [write(tmp_path, f"{name}.ipynb", notebook(checks.format(folder=str(tmp_path)), *RIGHT)) for name in "ab"]
+    rows, _ = grade.grade_all(paths, 60, catalogue=FAKE)
+    assert [r for r in rows if not r.passed] == []  # both found only their own notebook
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.ipynb", "b.ipynb"]
+
+
+@linux_only
+@pytest.mark.notebooks
+def test_memory_beyond_the_limit_fails_the_students_cell_not_the_grader(tmp_path):
+    greedy = write(tmp_path, "greedy.ipynb", notebook("check_double(lambda x: 2 * x)", "hoard = bytearray(6 * 2**30)",
+                   "import torch\nhoard = torch.ones(2**30, dtype=torch.float64)", "check_guess(42)"))  # fmt: skip
+    limits = grade.Limits(memory_bytes=3 * 2**30)
+    rows = by_exercise(grade.grade_notebook(greedy, 120, catalogue=FAKE, limits=limits))
+    assert rows["Exercise 99.1"].passed and rows["Exercise 99.2"].passed  # the kernel lived on
+    problem = rows[grade.NOTEBOOK_ROW].feedback
+    assert "2 cell(s) raised" in problem and "code cell 3: MemoryError" in problem, problem
+    assert problem.count("(the memory limit is 3 GB)") == 2, problem
+
+
+def _bwrap_works() -> str:
+    """Why bubblewrap cannot confine a kernel here, or ''."""
+    if shutil.which("bwrap") is None:
+        return "bubblewrap is not installed (make sandbox, or apt-get install bubblewrap)"
+    probe = subprocess.run(["bwrap", "--unshare-all", "--ro-bind", "/", "/", "true"], capture_output=True, text=True)
+    return "" if probe.returncode == 0 else f"bwrap cannot create its namespaces here: {probe.stderr.strip()}"
+
+
+SANDBOXED = """\
+import os, socket
+try:
+    socket.create_connection(('127.0.0.1', {port}), timeout=5).close()
+    raise AssertionError('the network is reachable')
+except OSError:
+    pass
+for path in ({outside!r}, '/usr/lib/written-by-a-student'):
+    try:
+        open(path, 'w').write('x')
+    except OSError:
+        pass
+assert not os.path.exists({sibling!r}), 'another submission is visible'
+assert len([p for p in os.listdir('/proc') if p.isdigit()]) < 10, 'other processes are visible'
+open('mine.txt', 'w').write('the temporary folder is writable')"""
+
+
+@pytest.mark.notebooks
+def test_the_sandbox_has_no_network_a_read_only_system_and_only_its_folder_writable(tmp_path):
+    why = _bwrap_works()
+    if why and in_ci() and shutil.which("bwrap") is None:
+        pytest.fail(f"{why} - CI=true: `make test` installs it (make sandbox)")
+    if why:  # installed, but this machine forbids the namespaces it needs (a container's seccomp, no userns)
+        pytest.skip(why)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    outside, sibling = tmp_path / "escaped.txt", tmp_path / "other.ipynb"
+    sibling.write_text("{}")
+    cells = SANDBOXED.format(port=listener.getsockname()[1], outside=str(outside), sibling=str(sibling))
+    path = write(tmp_path, "sandboxed.ipynb", notebook(cells, *RIGHT))
+    try:
+        confined = by_exercise(grade.grade_notebook(path, 120, catalogue=FAKE, limits=grade.Limits(sandbox=True)))
+        assert grade.NOTEBOOK_ROW not in confined, confined[grade.NOTEBOOK_ROW].feedback
+        assert confined["Exercise 99.1"].passed and confined["Exercise 99.2"].passed  # checkers work inside
+        assert not outside.exists() and not Path("/usr/lib/written-by-a-student").exists()
+        free = by_exercise(grade.grade_notebook(path, 120, catalogue=FAKE, limits=grade.Limits(sandbox=False)))
+        assert "the network is reachable" in free[grade.NOTEBOOK_ROW].feedback  # the same checks, unconfined
+    finally:
+        listener.close()
+        outside.unlink(missing_ok=True)
+
+
+@pytest.mark.notebooks
+def test_a_check_in_a_cell_that_then_raises_still_counts(tmp_path):
+    """A cell that raises gets no records in its reply; the next cell's reply, or the grader's own last
+    cell's, brings them."""
+    cells = ("check_guess(42)\nraise ValueError('after the check')", "check_double(lambda x: 2 * x)\nraise ValueError")
+    late = write(tmp_path, "late.ipynb", notebook(*cells))
+    rows = by_exercise(grade.grade_notebook(late, 60, catalogue=FAKE))
+    assert rows["Exercise 99.1"].passed and rows["Exercise 99.2"].passed
+    assert "2 cell(s) raised" in rows[grade.NOTEBOOK_ROW].feedback

@@ -5,6 +5,7 @@ Nothing in the core (``transformer_lib.*`` outside this package) imports from he
 - ``environment``: ``describe_environment`` (every chapter's first cell), ``in_book_build``
 - ``exercises``: the exercise checkers, one module per chapter (``check_softmax``, ...), and their catalogue
 - ``grade``: the classroom grader, ``python -m transformer_lib.grade`` (executes notebooks, collects results)
+- ``_contain``: the grader's wrapper around each kernel: kills all it started when it ends, a memory limit
 - ``widgets``: ``explore``, one control and an immediate picture, also in the HTML book
 - ``viz``: bertviz ``head_view``/``model_view`` that render offline in the book
 - ``plots``: ``plot_attention_grid``, ``plot_history``, ``LivePlot`` (a ``Trainer`` callback)

@@ -3,21 +3,45 @@
 Usage::
 
     python -m transformer_lib.grade SUBMISSION.ipynb [...] [--csv OUT.csv] [--summary S.csv] [--timeout S]
-                                    [--chapter N] [-j N]
+                                    [--chapter N] [-j N] [--sandbox] [--memory GB]
 
-Each submission runs top to bottom in a new Python kernel (nbclient), in an empty temporary folder,
-with at most ``--timeout`` seconds for the whole notebook (default 600); ``-j N`` runs N of them at a
-time. A cell that raises does not stop the run: the next cells still execute, as "Run all" would not,
-so one broken exercise costs only that exercise. Every checker call appends a record (checker,
-status, feedback) to a JSON-lines file whose path the kernel receives in ``TRANSFORMER_BOOK_RESULTS``;
-the grader reads those records, not the printed text, and keeps no output but the errors, so a
-notebook that prints 60 MB costs the grader nothing. The exercises a submission should answer come
-from the book's catalogue (``exercises/catalogue.json``), for the chapter given by ``--chapter``, or
-else named in the notebook's metadata (the Colab and teacher copies carry it), by its ``Exercise 3.2``
-headings or in its file name (``03_multi_head_attention.ipynb``), so deleting an exercise's cells does
-not remove it from the grade. When those disagree, a ``(warning)`` row says so.
+Each submission runs top to bottom in a new Python kernel (nbclient), with at most ``--timeout`` seconds
+for the whole notebook (default 600); ``-j N`` runs N of them at a time. A cell that raises does not stop
+the run: the next cells still execute, as "Run all" would not, so one broken exercise costs only that
+exercise. The exercises a submission should answer come from the book's catalogue
+(``exercises/catalogue.json``), for the chapter given by ``--chapter``, or else named in the notebook's
+metadata (the Colab and teacher copies carry it), by its ``Exercise 3.2`` headings or in its file name
+(``03_multi_head_attention.ipynb``), so deleting an exercise's cells does not remove it from the grade.
+When those disagree, a ``(warning)`` row says so.
 
-Each submission is named by its path relative to the common folder of all the arguments
+**Where a submission runs.** Each kernel starts in a new temporary folder that holds only a copy of its
+notebook, through a small wrapper (:mod:`._contain`) that is the *subreaper* of everything the kernel
+starts: when the notebook ends, runs out of time or is stopped, every process it started is killed, also
+one that left the kernel's process group and session (``setsid sleep 300``). The kernel may allocate at
+most ``--memory`` GB (default 8; ``RLIMIT_DATA``): an allocation beyond it fails in the student's cell
+(``MemoryError``, named in the row), not in the grader. The grader re-executes itself with its arguments
+in an unnamed file, so that no process's command line (``/proc/*/cmdline``) shows the other submissions'
+paths or the CSV's. With ``--sandbox`` (Linux, bubblewrap's ``bwrap``) the kernel also runs in new
+namespaces: no network (only a loopback of its own), no other process visible, the system and Python
+read-only, the book's package visible but not the folder that holds it, ``/tmp`` empty, and only its
+temporary folder writable.
+
+**How results come back.** After every cell the grader asks the kernel, in the execute request's
+``user_expressions``, for the record of each checker's last call (:func:`.exercises._framework.grader_records`);
+the value comes back in that cell's execute reply. What a cell prints, displays or writes to a file is
+never read: a record printed or appended to a results file passes nothing. Outputs other than errors are
+dropped as they arrive, so a notebook that prints 60 MB costs the grader nothing.
+
+**What remains possible.** The checkers run in the student's own kernel, as in nbgrader and otter-grader:
+code in the notebook can change what a checker sees or reports, for instance by monkeypatching
+``torch.softmax`` so that a checker comparing with it passes, or by editing the checkers' records in
+memory. Nothing outside the kernel re-checks an answer, so a grade is as trustworthy as the student's
+good faith against someone who reads this library's code; read the notebooks of a grade that surprises
+you. Without ``--sandbox``, a submission runs with your permissions: it can read and write any file you
+can and use the network. Use ``--sandbox``, or a container or an unprivileged user, for notebooks you do
+not trust.
+
+**The rows.** Each submission is named by its path relative to the common folder of all the arguments
 (``alice/01_attention.ipynb``), and its student by the first folder under it (``alice``), or by the
 file's stem when the submissions lie side by side. An exercise passes when the last call of each of
 its checkers passed; a starter left as given (``...``, or a *Spot the bug*'s buggy code unchanged)
@@ -34,21 +58,22 @@ passed in each chapter. Both files are written whole or not at all (a temporary 
 place), also after Ctrl-C, which stops grading and keeps the rows done. The exit status is 0 when
 every submission was graded, 1 when some could not be (unreadable, no chapter, the grader's failure),
 130 after Ctrl-C, and 2 for a bad command line.
-
-The grader is not a sandbox: a submission's code runs with your permissions, and since it runs in
-the same process as the checkers, a student who sets out to forge records can. Grade untrusted
-notebooks in a container or as an unprivileged user.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import atexit
 import contextlib
 import csv
+import functools
 import json
 import os
 import re
+import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -63,6 +88,7 @@ from .exercises._framework import RESULTS_ENV
 from .exercises.catalogue import Exercise, load_catalogue
 
 DEFAULT_TIMEOUT_S = 600.0
+DEFAULT_MEMORY_GB = 8.0
 NOTEBOOK_ROW = "(notebook)"
 WARNING_ROW = "(warning)"
 NOT_GRADED = "not graded"
@@ -142,11 +168,12 @@ class Stop:
 
 
 def _kill_kernel(client: Any) -> None:
-    """Kill the process group of ``client``'s kernel (jupyter_client starts it in a session of its own)."""
+    """Stop ``client``'s kernel: SIGTERM to the process that contains it (:mod:`._contain`), which kills the
+    kernel and everything it started, and exits."""
     process = getattr(getattr(getattr(client, "km", None), "provisioner", None), "process", None)
     if process is not None and process.poll() is None:
         with contextlib.suppress(OSError):
-            os.killpg(process.pid, signal.SIGKILL)
+            process.send_signal(signal.SIGTERM)
 
 
 # ------------------------------------------------------------------ who and which chapter
@@ -227,12 +254,99 @@ def _unreadable_cell(nb: Any) -> str | None:
 # ------------------------------------------------------------------ running a notebook
 
 
+CONTAIN = Path(__file__).with_name("_contain.py")
+RECORDS_EXPRESSION = (
+    "(lambda m: m.grader_records() if m else '[]')"
+    "(__import__('sys').modules.get('transformer_lib.notebook.exercises._framework'))"
+)
+"""What the grader asks the kernel after every cell (``user_expressions``): the checkers' last records, as
+JSON; the framework is not imported for it (a notebook that never imported it has called no checker)."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Where and how a submission runs: ``memory_bytes`` of data at most (None: no limit), and, with
+    ``sandbox``, under bubblewrap: no network, the system read-only, only its temporary folder writable."""
+
+    memory_bytes: int | None = int(DEFAULT_MEMORY_GB * 2**30)
+    sandbox: bool = False
+
+
+def bwrap_command(run_dir: Path, work_dir: Path) -> list[str]:
+    """The bubblewrap command line that confines a kernel: every namespace new (no network: only a loopback
+    of its own; no other process visible), the system and Python read-only, only ``run_dir`` writable and
+    ``/tmp`` empty; the book's package is visible, but not the folder that holds it."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        raise RuntimeError("--sandbox needs bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; `make sandbox`)")
+    command = [bwrap, "--unshare-all", "--die-with-parent", "--new-session"]
+    system = ["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc"]
+    for path in system:
+        command += ["--ro-bind-try", path, path]
+    for path in _python_paths():
+        if not any(path == s or path.startswith(s + "/") for s in system):
+            command += ["--ro-bind", path, path]
+    command += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    command += ["--bind", str(run_dir), str(run_dir), "--chdir", str(work_dir)]
+    # the kernel's parent is the namespace's PID 1: ipykernel would take that for its parent's exit
+    # (bubblewrap's --die-with-parent and the containment bound its life instead)
+    command += ["--setenv", "JPY_PARENT_PID", "1", "--"]
+    return command
+
+
+@functools.cache
+def _python_paths() -> tuple[str, ...]:
+    """What a kernel needs to see of Python: the interpreter's prefixes and the folders of its ``sys.path``
+    (each folder that holds ``transformer_lib`` only through that package, not the rest of the folder)."""
+    probe = "import json, sys; print(json.dumps([sys.prefix, sys.base_prefix, sys.exec_prefix, *sys.path]))"
+    env = {k: v for k, v in os.environ.items() if k != RESULTS_ENV}
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True)
+    paths = [os.path.realpath(sys.executable)]
+    for entry in json.loads(out.stdout):
+        if not entry or not os.path.isdir(entry):
+            continue
+        package = os.path.join(entry, "transformer_lib")
+        paths.append(package if os.path.isdir(package) else entry)
+    paths = [os.path.realpath(p) for p in paths]
+    return tuple(dict.fromkeys(p for p in paths if not any(p.startswith(q + "/") for q in paths if q != p)))
+
+
+def _kernel_manager(run_dir: Path, prefix: list[str]) -> Any:
+    """A kernel manager whose kernel talks through Unix sockets in ``run_dir`` (no TCP port: the sandbox has
+    no network) and is started by ``prefix`` (the containment, maybe bubblewrap); "kill" and "terminate" send
+    SIGTERM to the containing process only, so that it can kill everything the kernel started."""
+    from jupyter_client.manager import AsyncKernelManager
+    from jupyter_client.provisioning import LocalProvisioner
+
+    class ContainedProvisioner(LocalProvisioner):  # type: ignore[misc]
+        async def kill(self, restart: bool = False) -> None:
+            if self.process is not None and self.process.poll() is None:
+                with contextlib.suppress(OSError):
+                    self.process.send_signal(signal.SIGTERM)
+
+        terminate = kill
+
+    class ContainedKernelManager(AsyncKernelManager):  # type: ignore[misc]
+        async def _async_pre_start_kernel(self, **kw: Any) -> tuple[list[str], dict[str, Any]]:
+            command, kw = await super()._async_pre_start_kernel(**kw)
+            self.provisioner.__class__ = ContainedProvisioner
+            return [*prefix, *command], kw
+
+    kernel = run_dir / "kernel"
+    kernel.mkdir()
+    transport = "ipc" if os.name == "posix" else "tcp"  # zmq has no Unix sockets on Windows
+    return ContainedKernelManager(kernel_name="python3", transport=transport, connection_file=str(kernel / "c.json"))
+
+
 def _client_class() -> type:
-    """nbclient's NotebookClient keeping only the errors among outputs, so memory stays bounded."""
+    """nbclient's NotebookClient that keeps only the errors among outputs (so memory stays bounded) and takes
+    the checkers' records from each execute reply, never from what a cell prints or writes."""
     from nbclient import NotebookClient
     from nbformat.v4 import new_output
 
-    class ErrorsOnlyClient(NotebookClient):
+    class GradingClient(NotebookClient):
+        records: list[dict[str, Any]] = []
+
         def output(self, outs: list, msg: dict[str, Any], display_id: str | None, cell_index: int) -> Any:
             if msg["msg_type"] != "error":
                 return None  # what a cell prints is not graded: the checkers' records are
@@ -241,61 +355,110 @@ def _client_class() -> type:
             outs.append(out)
             return out
 
-    return ErrorsOnlyClient
+        async def async_start_new_kernel_client(self) -> Any:
+            kc = await super().async_start_new_kernel_client()
+            kc.execute = functools.partial(kc.execute, user_expressions={"records": RECORDS_EXPRESSION})
+            return kc
+
+        def take_records(self, cell: Any, cell_index: int, execute_reply: dict[str, Any]) -> None:
+            value = execute_reply.get("content", {}).get("user_expressions", {}).get("records", {})
+            if value.get("status") != "ok":
+                return  # the cell raised: IPython computes no expression; the next cell's reply has them
+            with contextlib.suppress(ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+                records = json.loads(ast.literal_eval(value["data"]["text/plain"]))
+                if isinstance(records, list):
+                    self.records = records
+
+    return GradingClient
 
 
-def execute(nb: Any, timeout_s: float, stop: Stop | None = None) -> Run:
+GRADER_CELL = "# the grader's cell: its execute reply carries the checkers' last records"
+
+
+def execute(nb: Any, timeout_s: float, stop: Stop | None = None, limits: Limits | None = None) -> Run:
     """Execute ``nb`` (changed in place) in a fresh kernel and collect the checkers' records.
 
-    Raises :class:`Interrupted` when ``stop`` was set before or while it ran."""
+    The kernel runs in a new temporary folder holding only a copy of the notebook, contained by
+    :mod:`._contain` (everything it starts is killed when it ends; ``limits.memory_bytes``), under
+    bubblewrap with ``limits.sandbox``. Raises :class:`Interrupted` when ``stop`` was set before or while
+    it ran."""
+    import nbformat
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
     stop = stop or Stop()
+    limits = limits or Limits()
 
     def stop_if_interrupted(**_: Any) -> None:
         if stop.event.is_set():
             raise Interrupted
 
-    with tempfile.TemporaryDirectory(prefix="grade-") as workdir:
-        results = Path(workdir) / ".checker-results.jsonl"
-        env = {**os.environ, RESULTS_ENV: str(results), "MPLBACKEND": "Agg", "TQDM_DISABLE": "1"}
+    student_cells = len(nb.cells)
+    with tempfile.TemporaryDirectory(prefix="grade-") as run_dir:
+        run = Path(run_dir)
+        work, home = run / "work", run / "home"
+        work.mkdir()
+        home.mkdir()
+        nbformat.write(nb, work / "submission.ipynb")
+        prefix: list[str] = []
+        if os.name == "posix":  # Windows: no containment, no memory limit (the docstring says Linux)
+            prefix = [sys.executable, "-I", "-S", str(CONTAIN)]
+            if limits.memory_bytes:
+                prefix += ["--memory-bytes", str(limits.memory_bytes)]
+            prefix.append("--")
+        env = {k: v for k, v in os.environ.items() if k != RESULTS_ENV}
+        env |= {"MPLBACKEND": "Agg", "TQDM_DISABLE": "1"}
+        if limits.sandbox:
+            prefix += bwrap_command(run, work)
+            env |= {"HOME": str(home), "MPLCONFIGDIR": str(home / ".matplotlib"), "TMPDIR": "/tmp"}
+        nb.cells.append(nbformat.v4.new_code_cell(GRADER_CELL))
         start = time.monotonic()
         deadline = start + timeout_s
         client = _client_class()(
             nb,
-            kernel_name="python3",
+            km=_kernel_manager(run, prefix),
             allow_errors=True,  # a cell that raises is reported; the next ones still run
             timeout_func=lambda cell: max(1, int(deadline - time.monotonic() + 0.999)),
-            resources={"metadata": {"path": workdir}},
+            resources={"metadata": {"path": str(work)}},
             on_cell_start=stop_if_interrupted,
+            shutdown_kernel="immediate",
         )
-        run = Run(records=[], errors=[])
+        client.on_cell_executed = client.take_records
+        client.owns_km = True  # nbclient shuts the kernel down when the notebook ends
+        result = Run(records=[], errors=[])
         stop_if_interrupted()
         with stop.watching(client):
             try:
                 client.execute(env=env)
             except CellTimeoutError:
-                run.timed_out = True
+                result.timed_out = True
             except DeadKernelError as e:
-                run.kernel_died = str(e).strip().splitlines()[0] if str(e).strip() else "the kernel died"
+                result.kernel_died = str(e).strip().splitlines()[0] if str(e).strip() else "the kernel died"
             except Interrupted:
                 raise
             except Exception as e:  # nbclient's own failures (e.g. no kernel): the notebook did not run
-                run.kernel_died = f"{type(e).__name__}: {e}"
+                result.kernel_died = f"{type(e).__name__}: {e}"[:300]
+            finally:
+                del nb.cells[student_cells:]
+                atexit.unregister(client._cleanup_kernel)  # nbclient leaves it registered when the start fails
         stop_if_interrupted()  # a kernel killed by Ctrl-C is no fault of the student's
-        run.seconds = time.monotonic() - start
-        run.timed_out = run.timed_out or (run.seconds > timeout_s and not run.kernel_died)
-        if results.is_file():
-            with open(results, encoding="utf-8") as f:
-                for line in f:
-                    with contextlib.suppress(json.JSONDecodeError):
-                        run.records.append(json.loads(line))
+        result.seconds = time.monotonic() - start
+        result.timed_out = result.timed_out or (result.seconds > timeout_s and not result.kernel_died)
+        result.records = client.records
     code_cells = [c for c in nb.get("cells", []) if c.get("cell_type") == "code"]
     for i, cell in enumerate(code_cells, 1):
         for output in cell.get("outputs", []):
             if output.get("output_type") == "error":
-                run.errors.append(f"code cell {i}: {output.get('ename', 'Error')}: {output.get('evalue', '')}"[:300])
-    return run
+                error = f"code cell {i}: {output.get('ename', 'Error')}: {output.get('evalue', '')}"[:300]
+                if _out_of_memory(output) and limits.memory_bytes:
+                    error += f" (the memory limit is {limits.memory_bytes / 2**30:g} GB)"
+                result.errors.append(error)
+    return result
+
+
+def _out_of_memory(output: dict[str, Any]) -> bool:
+    """Whether an error output is an allocation that failed (Python's MemoryError, PyTorch's allocator)."""
+    text = f"{output.get('ename', '')}: {output.get('evalue', '')}"
+    return "MemoryError" in text or "can't allocate memory" in text or "out of memory" in text.lower()
 
 
 # ------------------------------------------------------------------ grading
@@ -383,6 +546,7 @@ def grade_notebook(
     chapter: str | None = None,
     catalogue: Catalogue | None = None,
     stop: Stop | None = None,
+    limits: Limits | None = None,
 ) -> list[Row]:
     """Execute and grade one submission; problems become rows, never exceptions (:class:`Interrupted` aside).
 
@@ -409,7 +573,7 @@ def grade_notebook(
         said = ", ".join(f"the {source} say{'' if source.endswith('s') else 's'} {c}" for source, c in clues.items())
         unclear = f"the chapter is unclear: {said}; graded as {found} (from the {how}); --chapter chooses"
         rows.append(Row(sub.student, sub.name, found, how, WARNING_ROW, False, None, unclear))
-    run = execute(nb, timeout_s, stop)
+    run = execute(nb, timeout_s, stop, limits)
     return rows + grade_run(
         sub.name, catalogue[found], run, timeout_s, student=sub.student, chapter=found, chapter_from=how
     )
@@ -423,6 +587,7 @@ def grade_all(
     chapter: str | None = None,
     catalogue: Catalogue | None = None,
     progress: bool = False,
+    limits: Limits | None = None,
 ) -> tuple[list[Row], bool]:
     """Grade every submission, ``jobs`` at a time; the rows in the order of ``paths``, and whether grading
     was interrupted (Ctrl-C). The submissions not graded then get one "not graded: interrupted" row each."""
@@ -437,7 +602,7 @@ def grade_all(
             print(f"grading {sub.name} ...", file=sys.stderr, flush=True)
         try:
             done[i] = grade_notebook(
-                sub.path, timeout_s, submission=sub, chapter=chapter, catalogue=catalogue, stop=stop
+                sub.path, timeout_s, submission=sub, chapter=chapter, catalogue=catalogue, stop=stop, limits=limits
             )
         except Interrupted:
             pass
@@ -560,7 +725,39 @@ def write_summary(rows: Sequence[Row], path: Path, catalogue: Catalogue | None =
     _write_atomically(path, ["student", *(f"{c} (of {totals[c]})" for c in chapters)], lines)
 
 
+ARGS_FD_OPTION = "--arguments-from-fd"
+
+
+def _hide_arguments() -> None:
+    """Start this command again with its arguments in an unnamed file (an inherited descriptor of a file
+    already deleted) rather than on its command line, which any process of the same user can read in
+    ``/proc/<pid>/cmdline``: a submission then finds no other student's path there (POSIX only)."""
+    fd, path = tempfile.mkstemp(prefix="grade-arguments-")
+    os.unlink(path)
+    os.write(fd, json.dumps(sys.argv[1:]).encode())
+    os.lseek(fd, 0, os.SEEK_SET)
+    os.set_inheritable(fd, True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-m", "transformer_lib.grade", ARGS_FD_OPTION, str(fd)])
+
+
+def _arguments(argv: Sequence[str] | None) -> list[str]:
+    """The command line's arguments: ``argv``, or this process's own, read back from the descriptor that
+    :func:`_hide_arguments` passed (which re-executes this process when they are still on its command line)."""
+    if argv is not None:
+        return list(argv)
+    given = sys.argv[1:]
+    if given[:1] == [ARGS_FD_OPTION] and len(given) == 2 and given[1].isdigit():
+        with os.fdopen(int(given[1]), "rb") as f:
+            return [str(a) for a in json.loads(f.read())]
+    if os.name == "posix" and given and not {"-h", "--help"} & set(given):
+        _hide_arguments()
+    return given
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = _arguments(argv)
     parser = argparse.ArgumentParser(
         prog="python -m transformer_lib.grade",
         description="Execute students' notebooks in fresh kernels and collect every exercise checker's result.",
@@ -582,11 +779,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--chapter", help="grade every submission as this chapter (3 or 03_multi_head_attention)")
     parser.add_argument("-j", "--jobs", type=int, default=1, help="grade N notebooks at a time (default 1)")
+    parser.add_argument(
+        "--sandbox",
+        action="store_true",
+        help="run each kernel under bubblewrap (bwrap): no network, the system read-only, only its temporary "
+        "folder writable, no other process visible (Linux; apt-get install bubblewrap)",
+    )
+    parser.add_argument(
+        "--memory",
+        type=float,
+        default=DEFAULT_MEMORY_GB,
+        metavar="GB",
+        help=f"the most memory a kernel may allocate, in GB (default {DEFAULT_MEMORY_GB:g}; 0: no limit); "
+        "an allocation beyond it fails in the student's cell",
+    )
     args = parser.parse_args(argv)
     if args.timeout <= 0:
         parser.error(f"--timeout must be a positive number of seconds, got {args.timeout:g}")
     if args.jobs < 1:
         parser.error(f"-j must be at least 1, got {args.jobs}")
+    if args.memory < 0:
+        parser.error(f"--memory must be 0 (no limit) or a positive number of GB, got {args.memory:g}")
+    if args.sandbox and shutil.which("bwrap") is None:
+        parser.error("--sandbox needs bubblewrap's bwrap: apt-get install bubblewrap (or `make sandbox`)")
+    limits = Limits(int(args.memory * 2**30) or None, args.sandbox)
     try:
         import nbclient  # noqa: F401
         import nbformat  # noqa: F401
@@ -600,7 +816,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ValueError as e:
             parser.error(f"--chapter: {e}")
     rows, interrupted = grade_all(
-        args.submissions, args.timeout, jobs=args.jobs, chapter=chapter, catalogue=catalogue, progress=True
+        args.submissions,
+        args.timeout,
+        jobs=args.jobs,
+        chapter=chapter,
+        catalogue=catalogue,
+        progress=True,
+        limits=limits,
     )
     with _ignoring_sigint():
         print(format_table(rows, catalogue))

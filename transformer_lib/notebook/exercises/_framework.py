@@ -4,7 +4,7 @@ A checker is ``def check_x(c: Checker, answer) -> None`` running its hidden case
 ``@checker`` makes it the public ``check_x(answer) -> CheckResult``, which refuses a non-callable answer, says
 "not answered yet" to a starter left as ``...`` (or, with ``@checker(starter=SOURCE)``, to a *Spot the bug*
 starter left as given), keeps the reader's random streams, prints the feedback and records it for the grader
-(:data:`RESULTS_ENV`). ``@checker(answer="value")`` checks a value (a prediction). CONTRIBUTING.md ("Writing a
+(:func:`grader_records`). ``@checker(answer="value")`` checks a value (a prediction). CONTRIBUTING.md ("Writing a
 checker") walks through one.
 
 A case hands the answer copies of its ``inputs``, gives it :data:`CASE_TIMEOUT_SECONDS`, and turns anything odd
@@ -47,7 +47,8 @@ Set it before calling a checker (``_framework.CASE_TIMEOUT_SECONDS = 30.0``) on 
 
 RESULTS_ENV = "TRANSFORMER_BOOK_RESULTS"
 """Environment variable: the path of a JSON-lines file to which every checker call appends its record
-(``checker``, ``status``, ``passed``, ``feedback``). The grader sets it for each submission's kernel."""
+(``checker``, ``status``, ``passed``, ``feedback``). The grader does not use it (a file the notebook can
+write is a file it can forge): it reads :func:`grader_records` from each execute reply."""
 
 NOT_ANSWERED = "not answered yet"
 
@@ -599,12 +600,24 @@ def _fixes_text(title: str, last: CheckResult | None) -> str:
     return "\n".join([f"{title}: the fix in code for your last answer:", *(f"  - {fix}" for fix in last.fixes)])
 
 
+_LATEST: dict[str, dict[str, Any]] = {}  # checker -> the record of its last call in this process
+
+
+def grader_records() -> str:
+    """The record of each checker's last call in this process, as a JSON list: what the grader asks the kernel
+    for after every cell (in the execute request's ``user_expressions``, whose value comes back in the reply)."""
+    return json.dumps(list(_LATEST.values()))
+
+
 def _record(result: CheckResult) -> None:
-    """Append ``result`` to the JSON-lines file named by :data:`RESULTS_ENV`, if set (the grader's channel)."""
+    """Keep ``result`` for :func:`grader_records`, and append it to the JSON-lines file named by
+    :data:`RESULTS_ENV`, if set."""
+    name = result.title.split(":", 1)[0]
+    record = {"checker": name, "status": result.status, "passed": result.passed, "feedback": result.text}
+    _LATEST.pop(name, None)
+    _LATEST[name] = record
     path = os.environ.get(RESULTS_ENV)
     if path:
-        name = result.title.split(":", 1)[0]
-        record = {"checker": name, "status": result.status, "passed": result.passed, "feedback": result.text}
         with open(path, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
 
@@ -616,7 +629,7 @@ def checker(
 
     ``@checker`` checks a function; ``@checker(answer="value")`` checks a value (a prediction), passed to
     ``body`` as it is. Either way an unanswered starter (``...``) gets "not answered yet" and no case runs,
-    and every call is recorded for the grader (:data:`RESULTS_ENV`). ``@checker(starter=SOURCE)`` declares a
+    and every call is recorded for the grader (:func:`grader_records`). ``@checker(starter=SOURCE)`` declares a
     *Spot the bug* exercise's starter cell, ``SOURCE`` (its source as in the notebook): an answer with the
     code of a function or class it defines, unchanged but for whitespace and comments, is "not answered yet".
     ``check_<name>.hint()`` prints the fixes in code of its last call; ``check_<name>.starter`` is ``SOURCE``.
