@@ -13,6 +13,7 @@ import torch
 from transformer_lib import GPT, GPTConfig
 from transformer_lib.notebook.benchmark import (
     ReferenceGPT,
+    copy_bytes_per_second,
     gpt_matmul_shapes,
     matmul_flops_per_second,
     mean_loss,
@@ -249,6 +250,30 @@ def test_matmul_rate_is_the_products_over_their_fastest_round(monkeypatch):
     rate = matmul_flops_per_second(shapes, seconds=0.01)
     assert set(products) == set(shapes) and len(products) > 200  # every product, in rounds past the busy stretch
     assert rate == pytest.approx(1e9)
+
+
+def test_copy_bandwidth_counts_the_bytes_read_and_written_over_the_fastest_copy(monkeypatch):
+    """On a simulated machine copying at 1 GB/s (read plus write), twice as slow for its first two copies: the
+    bandwidth is 2 x n_bytes over the fastest copy, 1e9 bytes/s, and the copy really copies."""
+    from transformer_lib.notebook import benchmark
+
+    clock, copies, real_copy = FakeClock(), [], torch.Tensor.copy_
+
+    def copy_(dst, src, *args, **kwargs):
+        copies.append(src.nbytes)
+        clock.now += 2 * src.nbytes / 1e9 * (2 if len(copies) <= 2 else 1)
+        return real_copy(dst, src, *args, **kwargs)
+
+    monkeypatch.setattr(benchmark.time, "perf_counter", clock)
+    monkeypatch.setattr(torch.Tensor, "copy_", copy_)
+    assert copy_bytes_per_second(4096, repeats=4) == pytest.approx(1e9)
+    assert copies == [4096] * 5  # a warm-up, then the repeats, each of the whole tensor
+
+
+@pytest.mark.parametrize("kwargs", [{"n_bytes": 6}, {"n_bytes": 0}, {"n_bytes": 4.0}, {"repeats": 0}])
+def test_copy_bandwidth_rejects_bad_sizes(kwargs):
+    with pytest.raises(ValueError, match="n_bytes|repeats"):
+        copy_bytes_per_second(**kwargs)
 
 
 @pytest.mark.slow

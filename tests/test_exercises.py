@@ -131,6 +131,7 @@ CHAPTER_CHECKERS = {
         "check_quantize_per_group",
         "check_soft_loss",
         "check_accepted_tokens",
+        "check_batched_intensity",
     },
 }
 
@@ -218,6 +219,9 @@ VALUE_ANSWERS: dict[str, object] = {
     "check_kv_cache_gib": ch09_inference_and_deployment.kv_cache_gib(
         **ch09_inference_and_deployment.LONG_CACHE_SETUP
     ),  # compared with the caches of a meta-device model in test_exercises_ch09.py
+    "check_batched_intensity": ch09_inference_and_deployment.batched_decode_intensity(
+        float("inf"), **ch09_inference_and_deployment.BATCH_CEILING_SETUP
+    ),  # compared with a count by hand and with large finite batches in test_exercises_ch09.py
 }
 CHECKERS = sorted(REFERENCE_ANSWERS)
 VALUE_CHECKERS = sorted(VALUE_ANSWERS)

@@ -389,3 +389,47 @@ def test_the_verify_step_drives_speculative_decoding_to_the_target_greedy_text_a
         assert torch.equal(speculative_with(ch09._accepted_tokens, target, draft, idx, 40, k=4), expected)
         differs += not torch.equal(speculative_with(starter_accepted_tokens, target, draft, idx, 40, k=4), expected)
     assert differs > 0
+
+
+# ---------------------------------------------------------------- how far batching goes (a prediction)
+
+
+def test_batch_ceiling_is_the_per_sequence_flops_over_the_per_sequence_cache():
+    s = ch09.BATCH_CEILING_SETUP
+    cache_per_position = 2 * s["n_layers"] * s["n_kv_heads"] * s["d_head"] * s["bytes_per_number"]
+    assert cache_per_position == 327_680  # 320 KiB: the 70B shape's 8 key/value heads in 16 bits
+    per_sequence_flops = 2 * 68.98e9 + 4 * 80 * 8192 * 4096  # every weight, then 64 query heads over the cache
+    limit = ch09.batched_decode_intensity(float("inf"), **s)
+    assert limit == pytest.approx(per_sequence_flops / (cache_per_position * 4096)) == pytest.approx(110.788, abs=1e-3)
+    intensities = [ch09.batched_decode_intensity(b, **s) for b in (1, 8, 64, 512, 10**6)]
+    assert intensities == sorted(intensities) and intensities[-1] == pytest.approx(limit, rel=1e-3)  # rising to it
+    assert ch09.batched_decode_intensity(1, **s) == pytest.approx(1.0674, abs=1e-4)  # one sequence: memory-bound
+    assert limit < ch09.RIDGE_H100 / 2  # even an unbounded batch stays below an H100's ridge at this context
+
+
+def test_batch_ceiling_accepts_the_answer():
+    assert ex.check_batched_intensity(110.8).passed and ex.check_batched_intensity(111).passed
+    assert ex.check_batched_intensity(...).status == "unanswered"
+    for odd in ("110.8", None, [110.8], float("nan"), True):
+        assert not ex.check_batched_intensity(odd).passed, odd
+
+
+@pytest.mark.parametrize(
+    "prediction, words",
+    [
+        (295.2, "that is the ridge of an H100"),
+        (1.07, "that is one sequence at a time"),
+        (102.8, "you left out the attention's own FLOPs"),
+        (103.8, "count every query head"),
+        (13.85, "only the 8 key/value heads are cached"),
+        (221.6, "a key AND a value"),
+        (55.4, "2 bytes per number"),
+        (8.0, "that is the attention alone"),
+        (50.0, "then let B grow"),
+    ],
+)
+def test_batch_ceiling_names_the_mistake(prediction, words):
+    result = ex.check_batched_intensity(prediction)
+    assert not result.passed and "expected 110.788 (within 0.5)" in result.text
+    assert words in result.text, result.text
+    assert "1.487e11" not in result.text and any("about 110.8 FLOPs per byte" in f for f in result.fixes)

@@ -311,6 +311,37 @@ def matmul_flops_per_second(
     return flops / min(rounds)
 
 
+def copy_bytes_per_second(n_bytes: int = 2**26, device: torch.device | str = "cpu", repeats: int = 5) -> float:
+    """The memory bandwidth this machine reaches copying one float32 tensor of ``n_bytes`` into
+    another (``dst.copy_(src)``): the bytes read plus the bytes written, ``2 * n_bytes``, over the
+    fastest of ``repeats`` copies after a warm-up. Choose ``n_bytes`` well above the processor's
+    caches (the default, 64 MiB, is) so that the copy measures main memory: the rate at which a
+    step that reads every weight once, as decoding does, can at best receive them (chapter 9).
+
+    Defined in chapter 9, Inference and deployment.
+    """
+    if not isinstance(n_bytes, int) or isinstance(n_bytes, bool) or n_bytes < 4 or n_bytes % 4:
+        raise ValueError(f"n_bytes must be a positive multiple of 4 (float32 numbers), got {n_bytes!r}")
+    if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
+        raise ValueError(f"repeats must be a positive int, got {repeats!r}")
+    device = torch.device(device)
+    src = torch.ones(n_bytes // 4, device=device)
+    dst = torch.empty_like(src)
+
+    def copy() -> None:
+        dst.copy_(src)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    copy()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        copy()
+        times.append(time.perf_counter() - t0)
+    return 2 * n_bytes / max(min(times), 1e-9)
+
+
 def gpt_matmul_shapes(n_tokens: int, d_model: int, d_ff: int, vocab_size: int) -> list[tuple[int, int, int]]:
     """The (M, K, N) of a GPT block's and output head's products in a training step over ``n_tokens``
     tokens: forward (x @ W), input gradient (dy @ W^T) and weight gradient (x^T @ dy) of each linear."""

@@ -39,7 +39,7 @@ checks a prediction (a number) instead of a function; every call is recorded for
 - ``ch08_training_at_scale``: ``check_amp_state_bytes``, ``check_accumulate``, ``check_scaled_step``,
   ``check_attention_shard``, ``check_one_f_one_b``
 - ``ch09_inference_and_deployment``: ``check_kv_cache_gib``, ``check_quantize_per_group``, ``check_soft_loss``,
-  ``check_accepted_tokens``
+  ``check_accepted_tokens``, ``check_batched_intensity``
 """
 
 from ._framework import Bug, Checker, CheckResult, Hint, bug_table, checker
@@ -69,6 +69,7 @@ from .ch08_training_at_scale import (
 )
 from .ch09_inference_and_deployment import (
     check_accepted_tokens,
+    check_batched_intensity,
     check_kv_cache_gib,
     check_quantize_per_group,
     check_soft_loss,
@@ -114,4 +115,5 @@ __all__ = [
     "check_quantize_per_group",
     "check_soft_loss",
     "check_accepted_tokens",
+    "check_batched_intensity",
 ]

@@ -1,7 +1,9 @@
 """Chapter 9, inference and deployment: the KV cache of a padded batch, int8 weights per group, the soft term
-of a distillation loss, and the verify step of speculative decoding.
+of a distillation loss, the verify step of speculative decoding, and how far batching raises the arithmetic
+intensity of decoding.
 
-``check_kv_cache_gib`` (a prediction), ``check_quantize_per_group``, ``check_soft_loss``, ``check_accepted_tokens``.
+``check_kv_cache_gib`` (a prediction), ``check_quantize_per_group``, ``check_soft_loss``, ``check_accepted_tokens``,
+``check_batched_intensity`` (a prediction).
 """
 
 from __future__ import annotations
@@ -15,7 +17,13 @@ from torch import Tensor
 from ...quantization import QMAX
 from ._framework import Bug, Checker, Hint, bug_table, checker
 
-__all__ = ["check_kv_cache_gib", "check_quantize_per_group", "check_soft_loss", "check_accepted_tokens"]
+__all__ = [
+    "check_kv_cache_gib",
+    "check_quantize_per_group",
+    "check_soft_loss",
+    "check_accepted_tokens",
+    "check_batched_intensity",
+]
 
 
 ANSWER_MARKERS: dict[str, tuple[str, ...]] = {  # exercise label -> strings that would give its answer away
@@ -23,7 +31,7 @@ ANSWER_MARKERS: dict[str, tuple[str, ...]] = {  # exercise label -> strings that
     "ex-group-int8": ("// group_size, group_size", "amax(dim=-1) / 127"),
     "ex-soft-loss": ("batchmean",),
     "ex-accept": ("cumprod", "agreeing prefix"),
-    "ex-weight-only": ("bandwidth", "1 + 4 + 4 = 9"),
+    "ex-batch-ceiling": ("110.8", "110.79", "111 flops"),
 }
 
 
@@ -415,3 +423,116 @@ def check_accepted_tokens(c: Checker, accepted_tokens: Callable[[Tensor, Tensor]
             hint=_ACCEPTED_HINT,
             inputs={"proposals": p, "choices": t},
         )
+
+
+# --------------------------------------------------------------------------- how far batching goes
+
+
+BATCH_CEILING_SETUP = dict(
+    n_params=68.98e9, n_layers=80, d_model=8192, n_kv_heads=8, d_head=128, bytes_per_number=2, context=4096
+)
+"""The prediction's server: the LLaMA 2 70B shape (80 layers, 64 query heads and 8 key/value heads of 128, so
+d_model 8192), weights and cache in 16 bits, every sequence of the batch at a context of 4,096 tokens."""
+
+
+def batched_decode_intensity(
+    batch: float,
+    n_params: float,
+    n_layers: int,
+    d_model: int,
+    n_kv_heads: int,
+    d_head: int,
+    bytes_per_number: int,
+    context: int,
+) -> float:
+    """FLOPs per byte read of one decoding step for ``batch`` sequences at ``context`` cached positions each.
+
+    Per sequence: 2 FLOPs per parameter (a multiply-add per weight), and ``4 * n_layers * d_model * context`` for
+    attention (every query head's ``q . k`` and ``p . v`` over the cache). Bytes read: the weights once, shared by
+    the batch, plus each sequence's own cache, ``2 * n_layers * n_kv_heads * d_head * bytes_per_number`` per
+    position. ``batch=float("inf")`` gives the limit, the per-sequence FLOPs over the per-sequence cache bytes.
+    """
+    flops = 2 * n_params + 4 * n_layers * d_model * context  # per sequence
+    cache = 2 * n_layers * n_kv_heads * d_head * bytes_per_number * context  # per sequence
+    if batch == float("inf"):
+        return flops / cache
+    return batch * flops / (n_params * bytes_per_number + batch * cache)
+
+
+RIDGE_H100 = 989e12 / 3.35e12
+"""An H100 SXM's published dense bf16 multiply rate over its memory bandwidth: about 295 FLOPs per byte."""
+
+
+@checker(answer="value")
+def check_batched_intensity(c: Checker, prediction: float) -> None:
+    """Check ``prediction``: the arithmetic intensity (FLOPs per byte read) that a decoding step of the LLaMA 2 70B
+    shape approaches as the batch grows without bound, with 16-bit weights and cache and every sequence at 4,096
+    cached positions."""
+    s = BATCH_CEILING_SETUP
+    expected = batched_decode_intensity(float("inf"), **s)
+    fix = (
+        "per sequence: 2 x 68.98e9 + 4 x 80 x 8192 x 4096 = 1.487e11 FLOPs, and 2 x 80 x 8 x 128 x 2 x 4096 = 1.342e9 "
+        "bytes of cache; the weights' 1.38e11 bytes are shared by the batch, so the ratio tends to "
+        "1.487e11 / 1.342e9, about 110.8 FLOPs per byte."
+    )
+    inf = float("inf")
+    c.case(
+        "FLOPs per byte as the batch grows",
+        lambda: prediction,
+        float(expected),
+        bugs=(
+            Bug(
+                lambda: RIDGE_H100,
+                Hint(
+                    "that is the ridge of an H100, where the multipliers would become the limit. Does the batch get "
+                    "there? Count what each sequence reads on its own at every step.",
+                    fix,
+                ),
+            ),
+            Bug(
+                lambda: batched_decode_intensity(1, **s),
+                Hint(
+                    "that is one sequence at a time (or the weights read once for every sequence): as the batch "
+                    "grows, the weight reads are shared; what is left per sequence?",
+                    fix,
+                ),
+            ),
+            Bug(
+                lambda: 2 * s["n_params"] / (2 * s["n_layers"] * s["n_kv_heads"] * s["d_head"] * 2 * s["context"]),
+                Hint("you left out the attention's own FLOPs over the 4,096 cached positions.", fix),
+            ),
+            Bug(
+                lambda: (
+                    (2 * s["n_params"] + 4 * s["n_layers"] * s["n_kv_heads"] * s["d_head"] * s["context"])
+                    / (2 * s["n_layers"] * s["n_kv_heads"] * s["d_head"] * 2 * s["context"])
+                ),
+                Hint(
+                    "the attention's FLOPs count every query head (64 of them, d_model = 8192 numbers per "
+                    "position), not only the 8 key/value heads: each key/value head serves a group of 8.",
+                    fix,
+                ),
+            ),
+            Bug(
+                lambda: batched_decode_intensity(inf, **{**s, "n_kv_heads": 64}),
+                Hint("with grouped-query attention only the 8 key/value heads are cached, not all 64.", fix),
+            ),
+            Bug(
+                lambda: 2 * expected,
+                Hint("each position caches a key AND a value, in every layer.", fix),
+            ),
+            Bug(
+                lambda: batched_decode_intensity(inf, **{**s, "bytes_per_number": 4}),
+                Hint("the cache is kept in 16 bits: 2 bytes per number.", fix),
+            ),
+            Bug(
+                lambda: 4 * s["n_layers"] * s["d_model"] / (2 * s["n_layers"] * s["n_kv_heads"] * s["d_head"] * 2),
+                Hint("that is the attention alone; each sequence's token also multiplies every weight.", fix),
+            ),
+        ),
+        hint=Hint(
+            "write the step's FLOPs and bytes for a batch of B sequences (the weights are read once per step, each "
+            "sequence's cache once), then let B grow: which terms are left?",
+            fix,
+        ),
+        atol=0.5,
+    )
