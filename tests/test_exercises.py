@@ -41,6 +41,7 @@ from transformer_lib.notebook.exercises import (
     ch07_decoder_only,
     ch08_training_at_scale,
     ch09_inference_and_deployment,
+    ch10_encoder_only,
 )
 from transformer_lib.quantization import quantize_per_channel
 from transformer_lib.tasks import BOS, EOS, PAD
@@ -133,6 +134,7 @@ CHAPTER_CHECKERS = {
         "check_accepted_tokens",
         "check_batched_intensity",
     },
+    ch10_encoder_only: {"check_empty_windows", "check_pseudo_log_likelihood", "check_last_vectors"},
 }
 
 # The library's own implementation of each exercise: every checker must accept it.
@@ -188,6 +190,13 @@ REFERENCE_ANSWERS = {
     "check_soft_loss": lambda student_logits, teacher_logits, T: distillation_loss(
         student_logits, teacher_logits, torch.zeros(student_logits.shape[0], dtype=torch.long), T, alpha=1.0
     ),  # the library's loss with only its soft term
+    "check_pseudo_log_likelihood": lambda logits_fn, ids, mask_id: sum(
+        logits_fn(ids.where(torch.arange(len(ids)) != t, mask_id)[None])[0, t].log_softmax(-1)[ids[t]]
+        for t in range(1, len(ids))
+    ),  # one forward pass per masked position, not a batch
+    "check_last_vectors": lambda hidden, attention_mask: torch.stack(
+        [hidden[b, attention_mask[b].nonzero().max()] for b in range(hidden.shape[0])]
+    ),  # the largest index of a real token, row by row
     "check_accepted_tokens": lambda proposals, choices: choices[
         : int((proposals == choices[:-1]).long().cumprod(0).sum()) + 1
     ],  # the accepted proposals equal the target's choices: the agreeing prefix of choices, plus one
@@ -222,6 +231,9 @@ VALUE_ANSWERS: dict[str, object] = {
     "check_batched_intensity": ch09_inference_and_deployment.batched_decode_intensity(
         float("inf"), **ch09_inference_and_deployment.BATCH_CEILING_SETUP
     ),  # compared with a count by hand and with large finite batches in test_exercises_ch09.py
+    "check_empty_windows": ch10_encoder_only.empty_share(
+        **ch10_encoder_only.EMPTY_SETUP
+    ),  # compared with windows masked by the library in test_exercises_ch10.py
 }
 CHECKERS = sorted(REFERENCE_ANSWERS)
 VALUE_CHECKERS = sorted(VALUE_ANSWERS)
@@ -911,14 +923,11 @@ def test_the_guides_worked_example_runs_and_prints_what_the_guide_shows(capsys):
     assert check_mean_pool(...).status == "unanswered"
 
 
-# ---------------------------------------------------------------- the exercises give nothing away (chapters 1-9)
+# ---------------------------------------------------------------- the exercises give nothing away (every chapter)
 
 ROOT = Path(__file__).resolve().parent.parent
 BOOK_EXERCISES = [
-    (chapter, exercise)
-    for chapter, exercises in catalogue.load_catalogue().items()
-    if catalogue.chapter_number(chapter) <= 9
-    for exercise in exercises
+    (chapter, exercise) for chapter, exercises in catalogue.load_catalogue().items() for exercise in exercises
 ]
 CHECKED_EXERCISES = [(chapter, e, name) for chapter, e in BOOK_EXERCISES for name in e.checkers]
 SPOT_THE_BUG = [(chapter, e, name) for chapter, e, name in CHECKED_EXERCISES if e.kind == "Spot the bug"]

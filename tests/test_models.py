@@ -226,3 +226,19 @@ def test_a_model_converted_to_bf16_runs_under_autocast_with_fp32_logits():
     assert logits.dtype == torch.float32 and torch.isfinite(loss)
     loss.backward()
     assert model.lm_head.weight.grad.dtype == torch.bfloat16
+
+
+def test_a_new_encoder_is_initialised_as_bert_is():
+    """Word, position and segment embeddings on one scale (N(0, 0.02), HF's initializer_range), biases zero: with
+    PyTorch's default N(0, 1) word embeddings, positions 50 times weaker are lost in the embedding norm, and a
+    model trained from scratch with the masked-LM loss stays at the unigram loss."""
+    torch.manual_seed(0)
+    model = transformer_lib.EncoderOnlyTransformer(500, max_len=64, d_model=64, n_heads=4, n_layers=2, d_ff=128)
+    for table in (model.word_embed.weight, model.pos.weight, model.type_embed.weight):
+        assert abs(table.std().item() - 0.02) < 0.002
+    for name, p in model.named_parameters():
+        if name.endswith("bias") and "norm" not in name:
+            assert not p.any(), name
+        if p.dim() == 2:
+            assert abs(p.std().item() - 0.02) < 0.003, name
+    assert all(torch.equal(p, torch.ones_like(p)) for n, p in model.named_parameters() if n.endswith("norm1.weight"))

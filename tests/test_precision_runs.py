@@ -2,7 +2,7 @@
 
 `make test` executes the book in the precision the library picks on this machine (``auto``: bf16 on
 CPUs with native bf16 and on bf16 GPUs, fp16 on older GPUs, fp32 elsewhere), or the one
-``TRANSFORMER_LIB_PRECISION`` names. Where that is not fp32, this test executes chapters 7, 8 and 9,
+``TRANSFORMER_LIB_PRECISION`` names. Where that is not fp32, this test executes chapters 7 to 10,
 the ones that train, again with ``TRANSFORMER_LIB_PRECISION=fp32`` (scripts/execute_chapters.py, the
 book build's way: fresh kernels, the chapters' folder, its per-cell time limit), so one machine checks
 both precisions that readers run (DESIGN.md, "One book, every machine"). Where the book's own run
@@ -26,7 +26,7 @@ import execute_chapters  # noqa: E402
 
 pytestmark = [pytest.mark.notebooks, pytest.mark.slow]
 
-FP32_CHAPTERS = [7, 8, 9]
+FP32_CHAPTERS = [7, 8, 9, 10]
 OUT = ROOT / "_build" / "checks" / "test-fp32"
 
 

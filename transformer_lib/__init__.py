@@ -7,7 +7,8 @@ Two layers. The core is tensors in, tensors out, one module per idea:
 - ``positional``: sinusoidal, learned, rotary and ALiBi position encodings (chapter 4)
 - ``norms``: LayerNorm and RMSNorm written out (chapter 5)
 - ``layers``: feed-forward, encoder, decoder and decoder-only layers, Pre-LN and Post-LN (chapters 5, 6)
-- ``models``: the encoder-decoder, GPT and BERT-style models (chapters 6, 7)
+- ``models``: the encoder-decoder, GPT and BERT-style models (chapters 6, 7, 10)
+- ``mlm``: BERT's masking recipe for masked-language-model pretraining (chapter 10)
 - ``sampling``: greedy, temperature, top-k and top-p (chapter 7)
 - ``decoding``: greedy and beam search for encoder-decoder models (chapter 6)
 - ``speculative``: speculative decoding: a draft GPT proposes, the target verifies, output = target's greedy
@@ -22,7 +23,7 @@ Two layers. The core is tensors in, tensors out, one module per idea:
 - ``text``: Shakespeare's plays, a character tokenizer, batches from tensors or token files (chapters 5, 7)
 - ``bpe``: byte-level BPE: training, GPT-2 vocab/merges files, special tokens (chapter 7)
 - ``tasks``: synthetic sequence-to-sequence tasks generated in code (chapter 6)
-- ``pretrained``: the real all-MiniLM-L6-v2 encoder, offline (chapters 3, 7)
+- ``pretrained``: the real all-MiniLM-L6-v2 encoder, offline (chapters 3, 7, 10)
 - ``interop``: weights from PyTorch's own Transformer modules (chapters 2, 3, 6)
 - ``utils``: device, seeds, parameter counts, timing, eval mode
 - ``_validate``: the input checks every entry point runs once

@@ -545,7 +545,9 @@ class GPT(nn.Module):
 class EncoderOnlyTransformer(nn.Module):
     """A BERT-style encoder: word + position + segment embeddings, a norm, then Post-LN GELU layers.
 
-    ``forward(input_ids, attention_mask)`` returns the last hidden states.
+    ``forward(input_ids, attention_mask)`` returns the last hidden states. A new model is initialised as
+    BERT is (every linear and embedding weight from N(0, 0.02), biases zero, norms one), so that word and
+    position embeddings start on the same scale; pretrained weights replace all of it.
     :func:`transformer_lib.pretrained.load_minilm` fills it with all-MiniLM-L6-v2.
 
     Shapes: input_ids (B, T), attention_mask (B, T) of 1 for tokens and 0 for padding
@@ -576,6 +578,7 @@ class EncoderOnlyTransformer(nn.Module):
             EncoderLayer(d_model, n_heads, d_ff, dropout, activation, norm_first=False, eps=eps)
             for _ in range(n_layers)
         )
+        self.apply(GPT._init_weights)  # BERT's initialisation (initializer_range 0.02), for training from scratch
 
     def forward(
         self,

@@ -40,6 +40,7 @@ checks a prediction (a number) instead of a function; every call is recorded for
   ``check_attention_shard``, ``check_one_f_one_b``
 - ``ch09_inference_and_deployment``: ``check_kv_cache_gib``, ``check_quantize_per_group``, ``check_soft_loss``,
   ``check_accepted_tokens``, ``check_batched_intensity``
+- ``ch10_encoder_only``: ``check_empty_windows``, ``check_pseudo_log_likelihood``, ``check_last_vectors``
 """
 
 from ._framework import Bug, Checker, CheckResult, Hint, bug_table, checker
@@ -74,6 +75,7 @@ from .ch09_inference_and_deployment import (
     check_quantize_per_group,
     check_soft_loss,
 )
+from .ch10_encoder_only import check_empty_windows, check_last_vectors, check_pseudo_log_likelihood
 
 __all__ = [
     "Bug",
@@ -116,4 +118,7 @@ __all__ = [
     "check_soft_loss",
     "check_accepted_tokens",
     "check_batched_intensity",
+    "check_empty_windows",
+    "check_pseudo_log_likelihood",
+    "check_last_vectors",
 ]

@@ -1,0 +1,73 @@
+"""Masked-language-model inputs, as BERT pretrains an encoder (chapter 10, Encoder-only).
+
+:func:`mask_tokens` picks the positions the model must reconstruct and corrupts them the way
+Devlin et al. (2019) do: of the selected positions, 80% become ``[MASK]``, 10% a random token and
+10% stay unchanged. The labels hold the original token at the selected positions and ``-100``
+elsewhere, the ``ignore_index`` of ``torch.nn.functional.cross_entropy``, so the loss counts the
+selected positions only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import Tensor
+
+from ._validate import _validate_int, _validate_real, _validate_token_ids
+
+IGNORE_INDEX = -100
+"""The label of a position the loss skips (``F.cross_entropy``'s default ``ignore_index``)."""
+
+
+def mask_tokens(
+    ids: Tensor,
+    mask_id: int,
+    vocab_size: int,
+    p: float = 0.15,
+    special_ids: Iterable[int] = (),
+    generator: torch.Generator | None = None,
+) -> tuple[Tensor, Tensor]:
+    """BERT's masking recipe: select each position with probability ``p``; of those, 80% -> ``mask_id``,
+    10% -> a random token, 10% unchanged.
+
+    A position holding one of ``special_ids`` (``[CLS]``, ``[PAD]``...) is never selected, and random
+    replacements are drawn uniformly from the ids that are neither special nor ``mask_id``. The random
+    numbers come from ``generator`` on the CPU, in this order: one uniform number per position for the
+    selection, one per position for the 80/10/10 choice, then one random id per position.
+
+    Returns ``(inputs, labels)``: ``inputs`` is ``ids`` corrupted; ``labels`` is ``ids`` at the selected
+    positions and :data:`IGNORE_INDEX` (-100) elsewhere.
+
+    Shapes: ids (B, T) or (T,) integer -> inputs, labels of the same shape, torch.long, on ``ids``' device.
+
+    Defined in chapter 10, Encoder-only.
+    """
+    vocab_size = _validate_int("vocab_size", vocab_size)
+    mask_id = _validate_int("mask_id", mask_id, 0)
+    if mask_id >= vocab_size:
+        raise ValueError(f"mask_id must be < vocab_size={vocab_size}, got {mask_id}")
+    p = _validate_real("p", p, "a probability in [0, 1]", lambda x: 0.0 <= x <= 1.0)
+    if not isinstance(ids, Tensor):
+        raise TypeError(f"ids must be a torch.Tensor of token ids, got {type(ids).__name__}")
+    if ids.dim() not in (1, 2):
+        raise ValueError(f"ids must have shape (B, T) or (T,), got shape {tuple(ids.shape)}")
+    ids = _validate_token_ids("ids", ids if ids.dim() == 2 else ids[None], vocab_size).view(ids.shape)
+    special = torch.tensor(sorted({_validate_int("special_ids", s, 0) for s in special_ids} | {mask_id}))
+    if int(special.max()) >= vocab_size:
+        raise ValueError(f"special_ids must be < vocab_size={vocab_size}, got {special.tolist()}")
+    allowed = torch.ones(vocab_size, dtype=torch.bool)
+    allowed[special] = False
+    ordinary = allowed.nonzero().squeeze(1)  # the ids a random replacement may take
+    if len(ordinary) == 0:
+        raise ValueError("every id is special or mask_id: no id is left to draw a random replacement from")
+
+    cpu_ids = ids.cpu()
+    selected = torch.rand(ids.shape, generator=generator) < p  # (B, T)
+    selected &= ~torch.isin(cpu_ids, special)  # specials are never predicted
+    choice = torch.rand(ids.shape, generator=generator)  # < 0.8: [MASK]; < 0.9: random; else unchanged
+    random_ids = ordinary[torch.randint(len(ordinary), ids.shape, generator=generator)]
+    inputs = torch.where(selected & (choice < 0.8), mask_id, cpu_ids)
+    inputs = torch.where(selected & (choice >= 0.8) & (choice < 0.9), random_ids, inputs)
+    labels = torch.where(selected, cpu_ids, IGNORE_INDEX)
+    return inputs.to(ids.device), labels.to(ids.device)

@@ -1,0 +1,245 @@
+"""Chapter 10, encoder-only models: windows the masked-LM loss skips, a sentence's pseudo-log-likelihood, and a GPT
+read as a classifier.
+
+``check_empty_windows`` (a prediction), ``check_pseudo_log_likelihood``, ``check_last_vectors``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+from ...models import EncoderOnlyTransformer
+from ._framework import Bug, Checker, Hint, bug_table, checker
+
+__all__ = ["check_empty_windows", "check_pseudo_log_likelihood", "check_last_vectors"]
+
+ANSWER_MARKERS: dict[str, tuple[str, ...]] = {  # exercise label -> strings that would give its answer away
+    "ex-empty-windows": ("0.85**15", "0.85 ** 15", "0.087", "8.7%"),
+    "ex-pseudo-log-likelihood": ("ids.repeat(", "copies[positions - 1, positions]", "one copy per position"),
+    "ex-last-vectors": ("lengths - 1", "sum(1) - 1", "sum(dim=1) - 1", "sum(-1) - 1", "sum(dim=-1) - 1"),
+    "ex-cls-vector": ("next sentence prediction", "next-sentence prediction"),
+}
+
+
+# --------------------------------------------------------------------------- windows with nothing to predict
+
+EMPTY_SETUP = dict(p=0.15, n_positions=15)
+"""The prediction's setting: the chapter's windows, 15 characters behind a [CLS], each selected with p = 0.15."""
+
+
+def empty_share(p: float, n_positions: int) -> float:
+    """The share of windows in which none of the ``n_positions`` ordinary positions is selected."""
+    return (1 - p) ** n_positions
+
+
+@checker(answer="value")
+def check_empty_windows(c: Checker, prediction: float) -> None:
+    """Check ``prediction``: the share of the chapter's windows (15 characters behind a [CLS], each character
+    selected with probability 0.15) in which no position is selected, so that the window adds nothing to the loss."""
+    p, n = EMPTY_SETUP["p"], EMPTY_SETUP["n_positions"]
+    expected = empty_share(p, n)
+    fix = f"each of the {n} characters escapes selection with probability 1 - {p}, independently: (1 - {p})**{n}."
+    c.case(
+        "the share of windows with no selected position",
+        lambda: prediction,
+        expected,
+        bugs=(
+            Bug(
+                lambda: empty_share(p, n + 1),
+                Hint(f"[CLS] is never selected: only the {n} characters can be.", fix),
+            ),
+            Bug(
+                lambda: 1 - p * n,
+                Hint(
+                    "the selections are independent draws, not exclusive events: probabilities of 'not selected' "
+                    "multiply.",
+                    fix,
+                ),
+            ),
+            Bug(lambda: p**n, Hint("that is the share of windows in which *every* character is selected.", fix)),
+            Bug(lambda: 1 - expected, Hint("that is the share of windows with at least one selected position.", fix)),
+            Bug(lambda: 1 - p, Hint("that is one position's chance to escape selection, not the whole window's.", fix)),
+        ),
+        hint=Hint(
+            "a window adds nothing to the loss when none of its characters is selected; each one is selected on its "
+            "own, with probability 0.15 (reread 'The masking recipe, by hand').",
+            fix,
+        ),
+        atol=0.002,
+    )
+
+
+# --------------------------------------------------------------------------- pseudo-log-likelihood
+
+
+def _pseudo_log_likelihood(
+    logits_fn: Callable[[Tensor], Tensor], ids: Tensor, mask_id: int, *, bug: str = ""
+) -> Tensor:
+    """The sum over positions 1..T-1 of log p(ids[t]) with position t masked, one copy per position; or a bug:
+    "no mask" (the token visible), "all masked" (every position masked at once), "with cls" (position 0 counted),
+    "mean" (the mean instead of the sum), "probabilities" (p summed instead of log p).
+
+    Shapes: ids (T,) with [CLS] at 0; logits_fn (B, T) -> (B, T, vocab_size) -> a scalar tensor.
+    """
+    T = ids.shape[0]
+    positions = torch.arange(0 if bug == "with cls" else 1, T)  # (n,)
+    copies = ids.repeat(len(positions), 1)  # (n, T): copy i asks for position positions[i]
+    if bug == "all masked":
+        copies[:, 1:] = mask_id
+    elif bug != "no mask":
+        copies[torch.arange(len(positions)), positions] = mask_id
+    logp = logits_fn(copies).log_softmax(-1)  # (n, T, vocab_size)
+    picked = logp[torch.arange(len(positions)), positions, ids[positions]]  # (n,)
+    if bug == "probabilities":
+        return picked.exp().sum()
+    return picked.mean() if bug == "mean" else picked.sum()
+
+
+class _TinyMaskedLM(nn.Module):
+    """A small random encoder and head: ``forward(ids)`` gives the logits of every position, (B, T, vocab_size)."""
+
+    def __init__(self, vocab_size: int, T: int) -> None:
+        super().__init__()
+        self.encoder = EncoderOnlyTransformer(vocab_size, max_len=T, d_model=16, n_heads=2, n_layers=1, d_ff=32)
+        self.head = nn.Linear(16, vocab_size)
+        with torch.no_grad():  # larger than BERT's 0.02, so that a token's probability depends on its context
+            for p in self.parameters():
+                if p.dim() == 2:
+                    p.normal_(0, 0.5)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return self.head(self.encoder(ids))
+
+
+_PLL_CASES = (  # (name, vocab_size, T, seed)
+    ("a sequence of 6 tokens behind [CLS]", 12, 7, 0),
+    ("a sequence of 10 tokens behind [CLS]", 20, 11, 1),
+    ("one token behind [CLS]", 12, 2, 2),
+)
+_PLL_FIX = (
+    "make T - 1 copies of ids; in copy i put mask_id at position i + 1; logp = logits_fn(copies).log_softmax(-1); "
+    "sum logp[i, i + 1, ids[i + 1]] over i."
+)
+_PLL_BUGS = {  # bug -> hint, for _pseudo_log_likelihood(..., bug=bug)
+    "no mask": Hint(
+        "the model sees the token it is asked about: an encoder reads every position, its own included, so the "
+        "token must be hidden behind mask_id first.",
+        _PLL_FIX,
+    ),
+    "all masked": Hint(
+        "every position is masked at once, so each token is scored without the others as context: mask one "
+        "position per copy.",
+        _PLL_FIX,
+    ),
+    "with cls": Hint("position 0 holds [CLS], which is not part of the text and is never predicted.", _PLL_FIX),
+    "mean": Hint("that is the mean over the positions; the log-likelihood of a sequence is a sum.", _PLL_FIX),
+    "probabilities": Hint("you add probabilities; a log-likelihood adds their logarithms.", _PLL_FIX),
+}
+
+
+@checker
+def check_pseudo_log_likelihood(c: Checker, pseudo_log_likelihood: Callable[[Callable, Tensor, int], Tensor]) -> None:
+    """Check ``pseudo_log_likelihood(logits_fn, ids, mask_id)``: the sum over positions 1..T-1 of the log-probability
+    of ids[t] when position t alone is masked.
+
+    Shapes: ids (T,) with [CLS] at position 0; logits_fn maps (B, T) ids to (B, T, vocab_size) logits -> a scalar.
+    """
+    for name, vocab_size, T, seed in _PLL_CASES:
+        torch.manual_seed(seed)
+        model = _TinyMaskedLM(vocab_size, T).eval()
+        ids = torch.cat([torch.tensor([1]), torch.randint(3, vocab_size, (T - 1,))])
+        with torch.no_grad():
+            expected = _pseudo_log_likelihood(model, ids, 2)
+            bugs = bug_table(_PLL_BUGS, _pseudo_log_likelihood, model, ids, 2)
+        c.case(
+            name,
+            lambda model, ids, mask_id: pseudo_log_likelihood(model, ids, mask_id),
+            expected,
+            bugs=bugs,
+            hint=Hint(
+                "an encoder can score a sequence by asking for each token in turn with that token hidden, the rest "
+                "visible, and adding the log-probabilities (reread 'The masking recipe, by hand').",
+                _PLL_FIX,
+            ),
+            atol=1e-4,
+            inputs={"model": model, "ids": ids, "mask_id": 2},
+        )
+
+
+# --------------------------------------------------------------------------- a GPT as a classifier
+
+
+def _last_vectors(hidden: Tensor, attention_mask: Tensor, *, bug: str = "") -> Tensor:
+    """Each sequence's vector at its last real position (right padding); or a bug: "last position" (padding read),
+    "first position", "mean" (over every position).
+
+    Shapes: hidden (B, T, d_model), attention_mask (B, T) of 1 and 0 -> (B, d_model).
+    """
+    if bug == "last position":
+        return hidden[:, -1]
+    if bug == "first position":
+        return hidden[:, 0]
+    if bug == "mean":
+        return hidden.mean(1)
+    lengths = attention_mask.sum(1).long()  # (B,)
+    return hidden[torch.arange(hidden.shape[0]), lengths - 1]
+
+
+_LAST_STARTER = """\
+def last_vectors(hidden, attention_mask):  # find and fix the bug
+    return hidden[:, -1]  # (B, d_model): the last position has read the whole sequence
+"""
+_LAST_CASES = (  # (name, lengths, T, d_model)
+    ("a batch of 3, right-padded to T=6", (6, 3, 4), 6, 5),
+    ("a batch of 2 of full length", (4, 4), 4, 3),
+    ("a batch of 4, right-padded to T=8", (1, 8, 2, 5), 8, 4),
+)
+_LAST_FIX = (
+    "lengths = attention_mask.sum(dim=1); take hidden[torch.arange(B), lengths - 1], the last real position of "
+    "each row."
+)
+_LAST_BUGS = {  # bug -> hint, for _last_vectors(..., bug=bug)
+    "last position": Hint(
+        "the shorter sequences end in padding: their last column is a padding position, not the end of the text "
+        "(reread chapter 2 on padding, and 'Decoder-only, encoder-only, prefix-LM').",
+        _LAST_FIX,
+    ),
+    "first position": Hint(
+        "under a causal mask the first position has read only the first token: it is the last real position that "
+        "has read the whole sequence.",
+        _LAST_FIX,
+    ),
+    "mean": Hint(
+        "the mean counts the padding positions, and the early positions, which have read only the start of the "
+        "text: take the one position that has read all of it.",
+        _LAST_FIX,
+    ),
+}
+
+
+@checker(starter=_LAST_STARTER)
+def check_last_vectors(c: Checker, last_vectors: Callable[[Tensor, Tensor], Tensor]) -> None:
+    """Check ``last_vectors(hidden, attention_mask)``: for a decoder-only model's right-padded batch, each
+    sequence's vector at its last real token.
+
+    Shapes: hidden (B, T, d_model), attention_mask (B, T) of 1 for tokens and 0 for padding -> (B, d_model).
+    """
+    g = torch.Generator().manual_seed(0)
+    for name, lengths, T, d_model in _LAST_CASES:
+        hidden = torch.randn(len(lengths), T, d_model, generator=g)
+        attention_mask = (torch.arange(T) < torch.tensor(lengths)[:, None]).long()  # (B, T)
+        c.case(
+            name,
+            lambda hidden, attention_mask: last_vectors(hidden, attention_mask),
+            _last_vectors(hidden, attention_mask),
+            bugs=bug_table(_LAST_BUGS, _last_vectors, hidden, attention_mask),
+            hint=Hint(
+                "under a causal mask only the last real token of a sequence has read all of it, and with right "
+                "padding each sequence ends at its own length.",
+                _LAST_FIX,
+            ),
+            inputs={"hidden": hidden, "attention_mask": attention_mask},
+        )
