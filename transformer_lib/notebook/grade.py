@@ -298,7 +298,12 @@ def bwrap_command(run_dir: Path, work_dir: Path) -> list[str]:
 def _python_paths() -> tuple[str, ...]:
     """What a kernel needs to see of Python: the interpreter's prefixes and the folders of its ``sys.path``
     (each folder that holds ``transformer_lib`` only through that package, not the rest of the folder)."""
-    probe = "import json, sys; print(json.dumps([sys.prefix, sys.base_prefix, sys.exec_prefix, *sys.path]))"
+    # the package's own folder too: an editable install (pip install -e) finds it through an import hook,
+    # not through a folder of sys.path
+    probe = (
+        "import json, os, sys, transformer_lib; print(json.dumps([sys.prefix, sys.base_prefix, sys.exec_prefix, "
+        "os.path.dirname(transformer_lib.__file__), *sys.path]))"
+    )
     env = {k: v for k, v in os.environ.items() if k != RESULTS_ENV}
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True)
     paths = [os.path.realpath(sys.executable)]
