@@ -21,7 +21,8 @@ equal work per stage, the idle share of a step, the bubble, is ``(p - 1) / (m + 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -241,15 +242,19 @@ def pipeline_step(stage: GPTStage, x: Tensor, y: Tensor, n_micro: int) -> Pipeli
     device = next(stage.parameters()).device
     xs, ys = x.to(device).chunk(n_micro), y.to(device).chunk(n_micro)
     shape = (x.shape[0] // n_micro, x.shape[1], stage.d_model)  # (B / n_micro, T, d_model): what travels
-    events, inputs, outputs, losses, sends = [], [], [], [], []
+    events: list[tuple[str, int, float, float]] = []
+    inputs: list[Tensor] = []
+    outputs: list[Tensor] = []
+    losses: list[Tensor] = []
+    sends: list[tuple[dist.Work | None, Tensor]] = []  # each message, and the tensor it reads, kept alive
     dist.barrier()
     t0 = time.perf_counter()
 
-    def timed(kind: str, i: int, work: Callable[[], Tensor]) -> Tensor:
+    @contextmanager
+    def timed(kind: str, i: int) -> Iterator[None]:
         start = time.perf_counter() - t0
-        out = work()
+        yield
         events.append((kind, i, start, time.perf_counter() - t0))
-        return out
 
     for i in range(n_micro):  # every forward pass first
         if stage.first:
@@ -258,24 +263,32 @@ def pipeline_step(stage: GPTStage, x: Tensor, y: Tensor, n_micro: int) -> Pipeli
             h_in = torch.empty(shape, device=device)
             dist.recv(h_in, src=rank - 1)
             h_in.requires_grad_()
-        out = timed("F", i, lambda h_in=h_in: stage(h_in))
+        with timed("F", i):
+            out = stage(h_in)
         if stage.last:
-            losses.append(timed("F", i, lambda out=out, i=i: F.cross_entropy(out.flatten(0, 1), ys[i].flatten())))
+            with timed("F", i):
+                losses.append(F.cross_entropy(out.flatten(0, 1), ys[i].flatten()))
         else:
-            sends.append((dist.isend(out.detach(), dst=rank + 1), out))  # keep what travels alive
+            sent = out.detach()
+            sends.append((dist.isend(sent, dst=rank + 1), sent))
         inputs.append(h_in)
         outputs.append(out)
     for i in range(n_micro):  # then every backward pass
         if stage.last:
-            timed("B", i, lambda i=i: (losses[i] / n_micro).backward())
+            with timed("B", i):
+                (losses[i] / n_micro).backward()
         else:
             grad = torch.empty(shape, device=device)
             dist.recv(grad, src=rank + 1)
-            timed("B", i, lambda i=i, grad=grad: outputs[i].backward(grad))
+            with timed("B", i):
+                outputs[i].backward(grad)
         if not stage.first:
-            sends.append((dist.isend(inputs[i].grad, dst=rank - 1), inputs[i]))
+            grad_in = inputs[i].grad
+            assert grad_in is not None  # h_in requires grad and the stage's output depends on it
+            sends.append((dist.isend(grad_in, dst=rank - 1), grad_in))
     for work, _ in sends:
-        work.wait()
+        if work is not None:
+            work.wait()
     loss = torch.tensor([sum(loss_i.item() for loss_i in losses) / n_micro if stage.last else 0.0])
     dist.barrier()
     seconds = time.perf_counter() - t0
