@@ -90,3 +90,14 @@ def test_other_packages_clear_the_cache_and_an_old_stamp_counts_as_auto(build, t
     monkeypatch.setattr(build_book, "packages_hash", lambda: "another environment")
     rc, call = build()
     assert not call["cache_was_there"] and stamp(tmp_path)["packages_sha256"] == "another environment"
+
+
+def test_every_virtual_environment_is_outside_the_book():
+    """jupyter-book builds every notebook under the root that _config.yml does not exclude: a virtual
+    environment left there (nbgrader's ships test notebooks, one an infinite loop) would be executed too."""
+    import yaml
+
+    excluded = set(yaml.safe_load((ROOT / "_config.yml").read_text())["exclude_patterns"])
+    venvs = [line.strip().rstrip("/") for line in (ROOT / ".gitignore").read_text().splitlines()]
+    missing = [v for v in venvs if v.startswith(".venv") and v not in excluded]
+    assert not missing, f"add {missing} to _config.yml's exclude_patterns"
