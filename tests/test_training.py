@@ -2,6 +2,7 @@ import dataclasses
 import io
 import math
 import re
+import threading
 
 import numpy as np
 import pytest
@@ -422,3 +423,83 @@ def test_the_update_is_fused_on_one_cpu_process():
     (asserted inside the torchrun worker of test_distributed.py)."""
     assert make_optimizer(tiny_gpt(), 1e-3, 0.1, device=torch.device("cpu")).defaults["fused"]
     assert not make_optimizer(tiny_gpt(), 1e-3, 0.1).defaults["fused"]
+
+
+# --- fit_together: independent runs side by side on the CPU's cores ------------------------------------------
+
+
+def _runs(seeds=(0, 1, 2), dropout=0.0, steps=15):
+    return [trainer(tiny_gpt(seed, dropout=dropout), steps=steps, seed=seed) for seed in seeds]
+
+
+def _weights(t):
+    return torch.cat([p.detach().flatten() for p in t.model.parameters()])
+
+
+def test_fit_together_equals_one_run_after_the_other(monkeypatch):
+    """Side by side in threads, each run ends exactly where it ends alone with one PyTorch thread: the same
+    weights, losses and callback calls, in the trainers' order."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        alone = _runs()
+        for t in alone:
+            t.fit()
+    finally:
+        torch.set_num_threads(threads)
+    monkeypatch.setattr(training.os, "cpu_count", lambda: 2)  # two workers even on a one-core machine
+    together = _runs()
+    called, seen_threads = [], set()
+
+    def callback(t):
+        called.append((together.index(t), t.step))
+        seen_threads.add(torch.get_num_threads())
+
+    histories = training.fit_together(together, callback=callback)
+    assert torch.get_num_threads() == threads  # restored
+    assert seen_threads == {1}  # each run with one PyTorch thread
+    assert sorted(called) == [(i, s) for i in range(3) for s in (0, 10, 15)]
+    for a, b, h in zip(alone, together, histories, strict=True):
+        assert h is b.history and b.step == 15
+        assert torch.equal(_weights(a), _weights(b))
+        assert a.history.train_loss == b.history.train_loss and a.history.val_loss == b.history.val_loss
+
+
+def test_fit_together_runs_in_threads_only_where_that_keeps_results_exact(monkeypatch):
+    """Threads only for several CPU workers and no dropout: dropout draws from the one global generator."""
+    monkeypatch.setattr(training.os, "cpu_count", lambda: 2)
+    names = []
+    monkeypatch.setattr(
+        Trainer, "fit", lambda self, callback=None: names.append(threading.current_thread().name) or self.history
+    )
+    training.fit_together(_runs(dropout=0.0))
+    assert all(n.startswith("fit_together") for n in names)
+    for runs, workers in ((_runs(dropout=0.1), None), (_runs(), 1)):
+        names.clear()
+        training.fit_together(runs, workers=workers)
+        assert names == ["MainThread"] * 3  # one after the other, in the caller's thread
+
+
+def test_fit_together_raises_the_first_failure_after_every_run_ended(monkeypatch):
+    monkeypatch.setattr(training.os, "cpu_count", lambda: 2)
+    runs = _runs(seeds=(0, 1, 2, 3))
+
+    def callback(t):
+        if t is runs[1] and t.step == 10:
+            raise RuntimeError("run 1 failed")
+
+    with pytest.raises(RuntimeError, match="run 1 failed"):
+        training.fit_together(runs, callback=callback)
+    assert [t.step for t in runs] == [15, 10, 15, 15]  # the others trained to the end
+
+
+def test_fit_together_rejects_what_is_not_independent_runs():
+    with pytest.raises(TypeError, match="non-empty sequence of Trainer, got nothing"):
+        training.fit_together([])
+    with pytest.raises(TypeError, match="got GPT"):
+        training.fit_together([tiny_gpt()])
+    t = _runs(seeds=(0,))[0]
+    with pytest.raises(ValueError, match="same model"):
+        training.fit_together([t, t])
+    with pytest.raises(ValueError, match="workers"):
+        training.fit_together(_runs(), workers=0)

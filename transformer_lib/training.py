@@ -12,7 +12,8 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,7 @@ from torch import distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from ._validate import _validate_int, _validate_real
+from .attention import MultiHeadAttention
 from .checkpoint import CHECKPOINT_FORMAT as CHECKPOINT_FORMAT  # re-exported: it was defined here
 from .checkpoint import CheckpointError as CheckpointError  # re-exported: it was defined here
 from .checkpoint import load_trainer, save_trainer, trainer_state
@@ -424,6 +426,66 @@ class Trainer:
         another :class:`TrainConfig` (except ``progress``, ``compile``) is refused unless
         ``allow_config_change=True``: the trainer then keeps its own, e.g. a larger ``max_steps``."""
         load_trainer(self, path, allow_config_change)
+
+
+def fit_together(
+    trainers: Sequence[Trainer],
+    callback: Callable[[Trainer], None] | None = None,
+    workers: int | None = None,
+) -> list[History]:
+    """Train independent runs (seeds, the rows of an ablation) side by side on a CPU's cores.
+
+    A small model cannot use a CPU's cores: its matrix products are too small to share out, and a
+    second PyTorch thread on them gains little. Separate runs can: each trains in its own Python
+    thread with one PyTorch thread, and the threads run at once because PyTorch releases Python's
+    lock inside its operators. ``workers`` threads (default: one per core) take the trainers in
+    order; each calls ``trainer.fit(callback=callback)`` (so ``callback(trainer)`` runs in that
+    trainer's thread after each of its evaluations). Returns the histories, in the trainers' order.
+
+    The result is exactly that of ``trainer.fit(callback=callback)`` one after the other with
+    ``torch.set_num_threads(1)`` (tested), because each run only draws from its own generator. That
+    is why the trainers train one after the other instead, in the current thread count, when any of
+    their models has active dropout (its masks come from PyTorch's one global generator, which the
+    threads would share in an order that changes from run to run), when any trainer is not on the
+    CPU (a GPU serves one run at a time anyway), or with one worker. If runs fail, the first failing
+    trainer's exception is raised once every run has ended. Speed: ``benchmarks/fit_together.py``.
+
+    Defined in chapter 4, Positional encoding.
+    """
+    trainers = list(trainers)
+    if not trainers or not all(isinstance(t, Trainer) for t in trainers):
+        kinds = sorted({type(t).__name__ for t in trainers}) or ["nothing"]
+        raise TypeError(f"trainers must be a non-empty sequence of Trainer, got {', '.join(kinds)}")
+    models = [id(t.model) for t in trainers]
+    if len(set(models)) < len(models):
+        raise ValueError("two of the trainers train the same model (or are the same trainer): runs must be independent")
+    n_cores = os.cpu_count() or 1
+    workers = min(n_cores, len(trainers)) if workers is None else _validate_int("workers", workers, 1)
+    side_by_side = workers > 1 and all(t.device.type == "cpu" for t in trainers)
+    if not side_by_side or any(_draws_global_random_numbers(t.model) for t in trainers):
+        return [t.fit(callback=callback) for t in trainers]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one PyTorch thread per run: the runs, not the products, share the cores
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fit_together")
+    try:
+        futures = [pool.submit(t.fit, callback=callback) for t in trainers]
+        for future in futures:  # wait for all, so that no run is still training when this raises
+            future.exception()
+    except BaseException:  # e.g. an interrupt: the runs not yet started never start
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    finally:
+        torch.set_num_threads(threads)
+    pool.shutdown()
+    return [future.result() for future in futures]  # raises the first failing run's exception
+
+
+def _draws_global_random_numbers(model: nn.Module) -> bool:
+    """Whether training ``model`` draws from PyTorch's global generator: active dropout does."""
+    return any(
+        (isinstance(m, nn.Dropout) and m.p > 0) or (isinstance(m, MultiHeadAttention) and m.dropout > 0)
+        for m in model.modules()
+    )
 
 
 def _rank_and_world_size() -> tuple[int, int]:
