@@ -1,93 +1,192 @@
-"""Train transformer_lib's GPT and a nanoGPT-style reference side by side; compare speed and validation loss.
+"""Train transformer_lib's GPT and a nanoGPT-style reference side by side; compare speed and validation loss,
+and measure each step against this machine's bound, in every precision the machine runs natively.
 
 Both models (same size; nanoGPT's shakespeare_char-on-CPU shape by default) start from the
 same weights and train with the same recipe (AdamW, warm-up then cosine decay, clipping,
 dropout 0) on the same batches, alternating step by step so that both see the same machine
 load: the library's through its :class:`~transformer_lib.training.Trainer`, the reference
-through nanoGPT's loop. Then both are evaluated on the whole validation split. Prints the median milliseconds per step,
-tokens per second, model GFLOP/s and validation loss of each, the multiply rate this machine
-reaches on the step's matrix shapes (so the fastest any step could be), and as the last line
+through nanoGPT's loop. Then both are evaluated on the whole validation split. This runs once in
+fp32 and once more in the reduced precision the machine multiplies natively, if any (bf16 on a
+CPU with AVX512-BF16 or AMX and on recent GPUs; both models under the same autocast).
 
-    speedup=<ours over reference> ours_val_loss=<number> reference_val_loss=<number>
+For each precision it prints the median milliseconds per step, tokens per second and validation
+loss of each model; the step's counted matrix arithmetic and the *bound*: those products alone,
+at the rate this machine reaches on exactly their shapes in that precision (the output head in
+fp32, as the library keeps it), the fastest any engine could take the step; each model's share of
+it; and where the rest of the library's step goes, part by part (an operator profile), with the
+bound of the memory-bound parts: the bytes each must read and write over the measured copy
+bandwidth. The last line reads
 
-    python benchmarks/compare_gpt.py                 # the full 2000 steps, about 3 minutes on 2 cores
-    python benchmarks/compare_gpt.py --iters 200     # speed only, roughly
+    share_of_bound fp32=<library's share> bf16=<library's share, or none>
+
+    python benchmarks/compare_gpt.py                 # 2000 steps per precision, about 5 minutes on 2 cores
+    python benchmarks/compare_gpt.py --iters 300     # speed only, roughly
     python benchmarks/compare_gpt.py --compile       # both compiled (nanoGPT's --compile=True)
 """
 
 from __future__ import annotations
 
+import argparse
+
 import torch
+from torch import Tensor
 
 from recipe import char_data, recipe_config, recipe_gpt, recipe_parser  # benchmarks/recipe.py, beside this script
 from transformer_lib import count_parameters, get_device, set_seed
 from transformer_lib.notebook.benchmark import (
     ReferenceGPT,
+    copy_bytes_per_second,
     gpt_matmul_shapes,
-    matmul_flops_per_second,
+    gpt_step_bytes,
+    op_time_shares,
+    step_parts,
+    step_products,
     train_side_by_side,
+    train_step_bound,
     train_step_flops,
 )
+from transformer_lib.precision import native_dtype
 from transformer_lib.text import random_blocks
 from transformer_lib.training import Trainer
 
 
-def main() -> None:
-    p = recipe_parser(__doc__.splitlines()[0])
-    p.add_argument("--no-amp", action="store_true", help="train the library's GPT in fp32 too")
-    p.add_argument("--compile", action="store_true", help="train both through torch.compile")
-    args = p.parse_args()
-
-    set_seed(args.seed)
-    device = get_device(args.device)
+def race(args: argparse.Namespace, device: torch.device, low: torch.dtype | None) -> float:
+    """Race the two engines in one precision (``low`` under autocast, or fp32); print; return the library's share."""
+    name = "fp32" if low is None else str(low).removeprefix("torch.")
     tok, train, val = char_data(args)
+    set_seed(args.seed)
     ours = recipe_gpt(args, tok.vocab_size)
     reference = ReferenceGPT(
         tok.vocab_size, args.block_size, args.n_layer, args.n_head, args.d_model, bias=False
     ).copy_from(ours)
     trainer = Trainer(
         ours,
-        recipe_config(args, amp=not args.no_amp, compile=args.compile),
+        recipe_config(args, amp=low is not None, compile=args.compile),
         lambda g: random_blocks(train, args.batch_size, args.block_size, g),
         device=device,
     )
-    g = torch.Generator().manual_seed(args.seed)
+    if trainer.amp_dtype != low:  # TRANSFORMER_LIB_PRECISION overrides the hardware's choice
+        print(f"{name}: skipped, the library trains in {trainer.amp_dtype or 'fp32'} here (TRANSFORMER_LIB_PRECISION)")
+        return float("nan")
     n = (len(val) - 1) // args.block_size  # the whole validation split, in consecutive blocks
     xs = val[: n * args.block_size].view(n, args.block_size).to(device)  # (n, block_size)
     ys = val[1 : n * args.block_size + 1].view(n, args.block_size).to(device)
     val_batches = list(zip(xs.split(args.batch_size), ys.split(args.batch_size), strict=True))
-    print(
-        f"device={device} threads={torch.get_num_threads()} ours: {count_parameters(ours):,} parameters, "
-        f"reference: {count_parameters(reference):,} parameters; both under autocast {trainer.amp_dtype}; "
-        f"compiled: {args.compile}",
-        flush=True,
+    x, y = (
+        t.to(device) for t in random_blocks(train, args.batch_size, args.block_size, torch.Generator().manual_seed(0))
     )
-    x, y = random_blocks(train, args.batch_size, args.block_size, torch.Generator().manual_seed(0))
-    flops = train_step_flops(reference, x.to(device), y.to(device))  # forward + backward, one batch
+    flops = train_step_flops(reference, x, y)  # forward + backward, one batch
     shapes = gpt_matmul_shapes(x.numel(), args.d_model, 4 * args.d_model, tok.vocab_size)
-    peak = matmul_flops_per_second(shapes, device=device)
+    blocks, head = shapes[:-3] * args.n_layer, shapes[-3:]  # every product of the step: n_layer blocks, one head
+    counted = sum(2 * m * k * n for m, k, n in blocks + head)
+    if counted != flops:
+        print(f"note: the shapes hold {counted / 1e9:.3f} GFLOP, the counter {flops / 1e9:.3f}")
+    if low is None:
+        products = step_products(blocks + head, device=device)
+        how = "every product in fp32"
+    else:  # the blocks' products in the reduced precision, the output head's in fp32
+        products = step_products(blocks, low, device, fp32_shapes=head)
+        how = f"the blocks' products in {name}, the output head's in fp32"
+    fp32_rate = flops / train_step_bound(blocks + head, device=device)  # for attention's products, below
+    g = torch.Generator().manual_seed(args.seed)
     result = train_side_by_side(
         trainer,
         reference,
         lambda: tuple(t.to(device) for t in random_blocks(train, args.batch_size, args.block_size, g)),
         val_batches,
+        alongside=products,  # timed in the same rotation as the two steps, under the same load
     )
-    for name, step, loss in (
+    bound = result.alongside_step
+    alone = train_step_bound(blocks, low, device, fp32_shapes=head) if low else train_step_bound(blocks + head)
+    print(
+        f"\n== {name}: both models {'under autocast ' + name if low is not None else 'in fp32'}"
+        f"{', compiled' if args.compile else ''}; {result.steps} steps of {result.tokens_per_step} tokens"
+    )
+    for who, step, loss in (
         ("reference", result.reference_step, result.reference_val_loss),
         ("ours", result.ours_step, result.ours_val_loss),
     ):
         print(
-            f"{name:>9}: {step * 1000:.1f} ms/step, {result.tokens_per_step / step:,.0f} tokens/s, "
-            f"{flops / step / 1e9:.0f} GFLOP/s, val_loss {loss:.4f} after {result.steps} steps"
+            f"{who:>9}: {step * 1000:.1f} ms/step, {result.tokens_per_step / step:,.0f} tokens/s, "
+            f"{flops / step / 1e9:.0f} GFLOP/s, val_loss {loss:.4f}, {bound / step:.0%} of the bound"
         )
-    fastest = flops / peak  # every product at the machine's rate, nothing else
     print(
-        f"the step's {flops / 1e9:.2f} GFLOP of products run at {peak / 1e9:.0f} GFLOP/s on their own here: "
-        f"no step can beat {fastest * 1000:.1f} ms, {result.reference_step / fastest:.2f}x the reference"
+        f"the bound: the step's {flops / 1e9:.2f} GFLOP of products alone ({how}), timed beside the steps: "
+        f"{bound * 1000:.1f} ms (median; the fastest of 5 rounds alone afterwards: {alone * 1000:.1f} ms)"
     )
+    print(f"library over reference: {result.speedup:.2f}x")
+    B, T = x.shape  # attention's own products, uncounted above: q k^T and weights @ v forward, 4 more backward
+    attention_flops = 3 * 2 * (2 * B * T * T * args.d_model) * args.n_layer
+    where_the_time_goes(trainer, x, y, result.ours_step, bound, attention_flops / fp32_rate, args, tok.vocab_size, low)
+    return bound / result.ours_step
+
+
+# What the parts without a bound of their own are.
+UNBOUNDED = {
+    "casts and copies": "conversions between fp32 and the reduced precision; the q, k, v weights concatenated",
+    "the rest": "residual adds, gradient accumulation, views, allocations: PyTorch's bookkeeping",
+}
+
+
+def where_the_time_goes(
+    trainer: Trainer,
+    x: Tensor,
+    y: Tensor,
+    step: float,
+    bound: float,
+    attention_bound: float,
+    args: argparse.Namespace,
+    vocab: int,
+    low: torch.dtype | None,
+) -> None:
+    """The library's step part by part (the profiler's shares of the median step), with each part's bound."""
+    parts = step_parts(op_time_shares(lambda: trainer.train_step((x, y)), repeats=5))
+    n_bytes = gpt_step_bytes(
+        x.numel(),
+        args.d_model,
+        4 * args.d_model,
+        args.n_layer,
+        vocab,
+        count_parameters(trainer.model),
+        act_bytes=4 if low is None else low.itemsize,
+    )
+    bandwidth = copy_bytes_per_second(device=trainer.device)
+    print(f"where the library's step goes (operator profile; memory-bound parts against {bandwidth / 1e9:.0f} GB/s):")
+    bounds = {
+        "matrix products": (bound, "the multiply rate on the step's shapes"),
+        "attention kernel": (attention_bound, "its products at the fp32 rate (the CPU attends in fp32)"),
+    }
+    bounds |= {part: (b / bandwidth, f"{b / 1e6:.1f} MB read and written") for part, b in n_bytes.items()}
+    print(f"  {'part':24s} {'ms/step':>8s} {'bound ms':>9s}  bounded by")
+    for part, share in parts.items():
+        limit, what = bounds.get(part, (None, UNBOUNDED.get(part, "")))
+        limit_ms = f"{limit * 1000:9.2f}" if limit is not None else f"{'':9s}"
+        print(f"  {part:24s} {share * step * 1000:8.2f} {limit_ms}  {what}")
+    total = sum(limit for limit, _ in bounds.values())
     print(
-        f"speedup={result.speedup:.3f} ours_val_loss={result.ours_val_loss:.4f} "
-        f"reference_val_loss={result.reference_val_loss:.4f}"
+        f"  the parts' bounds add up to {total * 1000:.1f} ms: the step ({step * 1000:.1f} ms) is at "
+        f"{total / step:.0%} of them (shares from the profiler, which slows small operators more than products)"
+    )
+
+
+def main() -> None:
+    p = recipe_parser(__doc__.splitlines()[0])
+    p.add_argument("--compile", action="store_true", help="train both through torch.compile")
+    args = p.parse_args()
+    device = get_device(args.device)
+    low = native_dtype(device)
+    print(
+        f"device={device} threads={torch.get_num_threads()} "
+        f"capability={torch.backends.cpu.get_cpu_capability() if device.type == 'cpu' else device.type} "
+        f"native reduced precision: {low or 'none'}",
+        flush=True,
+    )
+    shares = {"fp32": race(args, device, None)}
+    shares["bf16"] = race(args, device, low) if low == torch.bfloat16 else float("nan")
+    print(
+        "\n"
+        + "share_of_bound "
+        + " ".join(f"{name}={'none' if share != share else f'{share:.2f}'}" for name, share in shares.items())
     )
 
 

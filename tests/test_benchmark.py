@@ -15,11 +15,16 @@ from transformer_lib.notebook.benchmark import (
     ReferenceGPT,
     copy_bytes_per_second,
     gpt_matmul_shapes,
+    gpt_step_bytes,
     matmul_flops_per_second,
     mean_loss,
     op_time_shares,
     reference_optimizer,
+    step_part,
+    step_parts,
+    step_products,
     train_side_by_side,
+    train_step_bound,
     train_step_flops,
 )
 from transformer_lib.text import random_blocks
@@ -125,6 +130,11 @@ SCRIPT_TEXT = "To be, or not to be, that is the question.\n" * 300
 
 
 def run_script(name: str, *args: str, tmp_path) -> str:
+    """The last line the script prints."""
+    return script_lines(name, *args, tmp_path=tmp_path)[-1]
+
+
+def script_lines(name: str, *args: str, tmp_path) -> list[str]:
     text = tmp_path / "text.txt"
     text.write_text(SCRIPT_TEXT, encoding="utf-8")
     root = Path(__file__).resolve().parents[1]
@@ -153,7 +163,7 @@ def run_script(name: str, *args: str, tmp_path) -> str:
         timeout=300,
     )
     assert out.returncode == 0, out.stderr
-    return out.stdout.strip().splitlines()[-1]
+    return out.stdout.strip().splitlines()
 
 
 @pytest.mark.benchmark
@@ -165,11 +175,24 @@ def test_train_gpt_script_prints_speed_and_loss_last(tmp_path):
 
 
 @pytest.mark.benchmark
-def test_compare_gpt_script_prints_speedup_and_both_losses_last(tmp_path):
-    last = run_script("compare_gpt.py", "--iters", "12", tmp_path=tmp_path)
-    match = re.fullmatch(r"speedup=(\d+\.\d+) ours_val_loss=(\d+\.\d+) reference_val_loss=(\d+\.\d+)", last)
-    assert match, last
-    assert float(match[1]) > 0 and abs(float(match[2]) - float(match[3])) < 0.5
+def test_compare_gpt_script_prints_each_precisions_share_of_the_bound_last(tmp_path):
+    """One race per precision the machine runs natively; each prints both losses (equal to rounding: the same
+    weights, batches and recipe), the bound, the parts of the step, and the last line gives the shares."""
+    from transformer_lib.precision import native_dtype
+
+    lines = script_lines("compare_gpt.py", "--iters", "12", tmp_path=tmp_path)
+    match = re.fullmatch(r"share_of_bound fp32=(\d\.\d\d) bf16=(\d\.\d\d|none)", lines[-1])
+    assert match, lines[-1]
+    races = 2 if native_dtype(torch.device("cpu")) == torch.bfloat16 else 1
+    assert (match[2] != "none") == (races == 2)
+    assert 0 < float(match[1]) < 1.5
+    losses = [float(m[1]) for line in lines if (m := re.search(r"val_loss (\d+\.\d+)", line))]
+    assert len(losses) == 2 * races  # reference and library, per race
+    for reference, ours in zip(losses[::2], losses[1::2], strict=True):
+        assert abs(reference - ours) < 0.05
+    assert sum(line.startswith("the bound: ") for line in lines) == races
+    assert sum("matrix products" in line for line in lines) == races
+    assert sum("the parts' bounds add up to" in line for line in lines) == races
 
 
 class FakeClock:
@@ -292,3 +315,69 @@ def test_a_compiled_reference_trains_as_the_eager_one():
     eager, compiled = results
     assert compiled.reference_val_loss == pytest.approx(eager.reference_val_loss, rel=1e-4)
     assert compiled.ours_val_loss == pytest.approx(eager.ours_val_loss, rel=1e-6)
+
+
+def test_side_by_side_times_alongside_in_the_same_rotation():
+    """``alongside`` runs once per step, taking every place in the order in turn; its median is reported."""
+    ours, ref = pair()
+    trainer = Trainer(ours, TrainConfig(max_steps=9, progress=False, amp=False), lambda g: None, device="cpu")
+    order = []
+    ref.register_forward_pre_hook(lambda module, args: order.append("reference"))
+    ours.register_forward_pre_hook(lambda module, args: order.append("ours"))
+    val = [random_blocks(DATA, 2, 16)]
+    before = len(order)
+    result = train_side_by_side(
+        trainer, ref, lambda: random_blocks(DATA, 2, 16), val, warmup=3, alongside=lambda: order.append("alongside")
+    )
+    runs = order[before : before + 27]  # 9 steps of 3 runs; the evaluation comes after
+    assert [runs[i : i + 3] for i in (0, 3, 6)] == [
+        ["ours", "reference", "alongside"],
+        ["reference", "alongside", "ours"],
+        ["alongside", "ours", "reference"],
+    ]
+    assert result.alongside_step is not None and result.alongside_step >= 0
+    plain = train_side_by_side(
+        Trainer(pair()[0], TrainConfig(max_steps=6, progress=False, amp=False), lambda g: None, device="cpu"),
+        pair()[1],
+        lambda: random_blocks(DATA, 2, 16),
+        val,
+        warmup=2,
+    )
+    assert plain.alongside_step is None
+
+
+def test_step_products_and_the_bound_run_each_product_once(monkeypatch):
+    shapes, head = [(8, 4, 6), (6, 8, 4)], [(8, 4, 3)]
+    seen = []
+    real_matmul = torch.Tensor.__matmul__
+    monkeypatch.setattr(
+        torch.Tensor, "__matmul__", lambda a, b: seen.append((a.shape, b.shape, a.dtype)) or real_matmul(a, b)
+    )
+    step_products(shapes, torch.bfloat16, fp32_shapes=head)()
+    assert seen == [((8, 4), (4, 6), torch.bfloat16), ((6, 8), (8, 4), torch.bfloat16), ((8, 4), (4, 3), torch.float32)]
+    seen.clear()
+    assert train_step_bound(shapes, rounds=3) > 0
+    assert len(seen) == 2 * (1 + 3)  # one warm-up run, then 3 timed rounds
+
+
+def test_step_parts_sorts_operators_into_the_parts_of_a_step():
+    assert step_part("aten::mm") == step_part("aten::addmm") == "matrix products"
+    assert step_part("aten::_scaled_dot_product_flash_attention_for_cpu_backward") == "attention kernel"
+    assert step_part("aten::gelu_backward") == "GELU"
+    assert step_part("aten::native_layer_norm_backward") == "norms"
+    assert step_part("aten::_fused_adamw_") == step_part("Optimizer.step#AdamW.step") == "optimizer and clipping"
+    assert step_part("aten::_to_copy") == "casts and copies"
+    assert step_part("aten::add_") == "the rest"
+    parts = step_parts([("aten::mm", 0.5), ("aten::gelu", 0.1), ("aten::addmm", 0.2), ("aten::add", 0.2)])
+    assert list(parts) == ["matrix products", "the rest", "GELU"]
+    assert parts["matrix products"] == pytest.approx(0.7)
+
+
+def test_gpt_step_bytes_counts_each_memory_bound_pass():
+    n = gpt_step_bytes(n_tokens=10, d_model=4, d_ff=16, n_layers=2, vocab_size=7, n_params=100, act_bytes=2)
+    assert n == {
+        "GELU": 5 * 10 * 16 * 2 * 2,  # 5 tensors of (tokens, d_ff) per layer, 2 bytes each
+        "norms": 5 * 10 * 4 * 5 * 4,  # 2 norms per layer and the final one, fp32
+        "loss": 4 * 10 * 7 * 4,
+        "optimizer and clipping": 10 * 100 * 4,
+    }

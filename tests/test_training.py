@@ -503,3 +503,17 @@ def test_fit_together_rejects_what_is_not_independent_runs():
         training.fit_together([t, t])
     with pytest.raises(ValueError, match="workers"):
         training.fit_together(_runs(), workers=0)
+
+
+def test_clip_gradients_equals_pytorchs_per_tensor_clipping():
+    """The multi-tensor path gives the same norm and the same clipped gradients as the per-tensor one."""
+    model_a, model_b = tiny_gpt(0, dropout=0.0), tiny_gpt(0, dropout=0.0)
+    x, y = batches(torch.Generator().manual_seed(0))
+    for m in (model_a, model_b):
+        (m(x, y)[1] * 100).backward()  # large gradients: clipping scales them
+    norm_a = training.clip_gradients(model_a.parameters(), 0.5, torch.device("cpu"))
+    norm_b = torch.nn.utils.clip_grad_norm_(model_b.parameters(), 0.5, foreach=False)
+    assert norm_a > 0.5
+    torch.testing.assert_close(norm_a, norm_b)
+    for p, q in zip(model_a.parameters(), model_b.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -144,6 +144,18 @@ def make_optimizer(
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     fused = device is not None and (device.type == "cuda" or (device.type == "cpu" and _rank_and_world_size()[1] == 1))
     return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=fused)
+
+
+def clip_gradients(params: Iterable[Tensor], max_norm: float, device: torch.device) -> Tensor:
+    """``nn.utils.clip_grad_norm_(params, max_norm)``: scale every gradient by one factor so that their
+    joint norm is at most ``max_norm``; returns the norm before clipping.
+
+    On a CPU or GPU through PyTorch's multi-tensor ("foreach") kernels: one call for all the norms
+    and one for all the scalings instead of one per tensor (the default only on GPUs), which saves
+    a third to a half of the clipping's time on a CPU (``benchmarks/compare_gpt.py`` profiles it).
+    The same numbers either way (tested).
+    """
+    return nn.utils.clip_grad_norm_(params, max_norm, foreach=True if device.type in ("cpu", "cuda") else None)
 
 
 def default_loss(model: nn.Module, batch: Batch) -> Tensor:
@@ -378,7 +390,7 @@ class Trainer:
         grad_norm = None
         if cfg.grad_clip is not None:
             self.scaler.unscale_(self.optimizer)
-            grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+            grad_norm = clip_gradients(self.model.parameters(), cfg.grad_clip, self.device)
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self._note_nonfinite(loss, grad_norm)

@@ -154,6 +154,7 @@ class SideBySide:
     tokens_per_step: int
     ours_first_step: float
     reference_first_step: float
+    alongside_step: float | None = None  # median seconds of train_side_by_side's ``alongside``, if given
 
     @property
     def speedup(self) -> float:
@@ -183,6 +184,7 @@ def train_side_by_side(
     steps: int | None = None,
     warmup: int = 5,
     compile_reference: bool = False,
+    alongside: Callable[[], object] | None = None,
 ) -> SideBySide:
     """Train ``trainer``'s model and ``reference`` with one recipe, alternating step by step.
 
@@ -193,7 +195,9 @@ def train_side_by_side(
     on CUDA, the loss read back every step; ``compile_reference=True`` trains
     it through ``torch.compile``, as nanoGPT's ``--compile=True`` does. Which model steps first
     alternates, and the first ``warmup`` steps (with any compilation) are left out of the
-    medians. At the end both are evaluated on the same ``val_batches``.
+    medians. At the end both are evaluated on the same ``val_batches``. ``alongside()``, if given,
+    is timed in the same rotation at every step, under the same load (e.g. the step's products
+    alone, :func:`step_products`): its median is ``alongside_step``.
     """
     cfg, device = trainer.config, trainer.device
     steps = cfg.max_steps - trainer.step if steps is None else steps
@@ -230,14 +234,17 @@ def train_side_by_side(
             torch.cuda.synchronize()
         return time.perf_counter() - t0
 
-    times: dict[str, list[float]] = {"ours": [], "reference": []}
+    times: dict[str, list[float]] = {"ours": [], "reference": [], "alongside": []}
     first: dict[str, float] = {}
     tokens = 0
     for i in range(steps):
         x, y = batches()
         tokens = x.numel()
         runs = {"ours": partial(trainer.train_step, (x, y)), "reference": partial(reference_step, x, y, i)}
-        for name in ("ours", "reference") if i % 2 == 0 else ("reference", "ours"):
+        if alongside is not None:
+            runs["alongside"] = alongside
+        names = list(runs)
+        for name in names[i % len(names) :] + names[: i % len(names)]:  # each takes every place in turn
             seconds = timed(runs[name])
             if i == 0:
                 first[name] = seconds
@@ -252,6 +259,7 @@ def train_side_by_side(
         tokens_per_step=tokens,
         ours_first_step=first["ours"],
         reference_first_step=first["reference"],
+        alongside_step=statistics.median(times["alongside"]) if alongside is not None else None,
     )
 
 
@@ -383,3 +391,110 @@ def op_time_shares(fn: Callable[[], object], repeats: int = 5) -> list[tuple[str
     if total == 0:
         raise ValueError("fn ran no PyTorch operators to time")
     return sorted(((e.key, e.self_cpu_time_total / total) for e in events), key=lambda kv: -kv[1])
+
+
+def step_products(
+    shapes: Sequence[tuple[int, int, int]],
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    fp32_shapes: Sequence[tuple[int, int, int]] = (),
+) -> Callable[[], None]:
+    """A function that runs the products ``(M, K) @ (K, N)`` of ``shapes`` in ``dtype``, and of
+    ``fp32_shapes`` (e.g. the output head, which the library keeps in fp32 under autocast) in fp32,
+    once each, on random operands made here: a training step's matrix work and nothing else.
+
+    Timed, it is the step's bound: no engine takes the step in that precision faster. Timed beside
+    the steps (``train_side_by_side(..., alongside=step_products(...))``), it is the bound under the
+    same load as the steps; :func:`train_step_bound` times it alone.
+    """
+    device = torch.device(device)
+    g = torch.Generator(device=device).manual_seed(0)
+    pairs = [
+        (
+            torch.randn(m, k, generator=g, device=device, dtype=dt),
+            torch.randn(k, n, generator=g, device=device, dtype=dt),
+        )
+        for dt, group in ((dtype, shapes), (torch.float32, fp32_shapes))
+        for m, k, n in group
+    ]
+
+    def run() -> None:
+        for a, b in pairs:
+            a @ b
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    return run
+
+
+def train_step_bound(
+    shapes: Sequence[tuple[int, int, int]],
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    fp32_shapes: Sequence[tuple[int, int, int]] = (),
+    rounds: int = 5,
+) -> float:
+    """The fewest seconds a training step made of these products takes on this machine: the fastest
+    of ``rounds`` runs of :func:`step_products` (after one to warm up), alone.
+
+    Chapter 8 and ``benchmarks/compare_gpt.py`` divide it by a step's time: the step's share of its bound.
+    """
+    run = step_products(shapes, dtype, device, fp32_shapes)
+    run()
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+# The parts of a training step, each named with pieces of its PyTorch operators' names (see op_time_shares).
+STEP_PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("matrix products", ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear")),
+    ("attention kernel", ("scaled_dot_product",)),
+    ("GELU", ("aten::gelu",)),
+    ("norms", ("layer_norm", "rms_norm")),
+    ("loss", ("log_softmax", "nll_loss", "cross_entropy")),
+    ("optimizer and clipping", ("adamw", "Optimizer.", "linalg_vector_norm", "_foreach", "clip_grad")),
+    ("casts and copies", ("aten::copy_", "aten::_to_copy", "aten::cat", "aten::clone", "aten::contiguous")),
+)
+
+
+def step_part(op: str) -> str:
+    """Which part of a training step the operator ``op`` belongs to (:data:`STEP_PARTS`), else
+    "the rest" (residual adds, gradient accumulation, views, allocation: PyTorch's own bookkeeping)."""
+    lowered = op.lower()
+    return next((part for part, markers in STEP_PARTS if any(m.lower() in lowered for m in markers)), "the rest")
+
+
+def step_parts(shares: Sequence[tuple[str, float]]) -> dict[str, float]:
+    """The shares of :func:`op_time_shares` added up by part of the step, largest first."""
+    parts: dict[str, float] = {}
+    for op, share in shares:
+        parts[step_part(op)] = parts.get(step_part(op), 0.0) + share
+    return dict(sorted(parts.items(), key=lambda kv: -kv[1]))
+
+
+def gpt_step_bytes(
+    n_tokens: int, d_model: int, d_ff: int, n_layers: int, vocab_size: int, n_params: int, act_bytes: int = 4
+) -> dict[str, int]:
+    """Bytes that the memory-bound parts of a GPT training step must at least read and write, by part
+    (:data:`STEP_PARTS`' names): each tensor read or written once per pass, nothing kept in a cache.
+
+    - GELU: forward reads h and writes gelu(h); backward reads h and the incoming gradient and writes
+      one: 5 tensors of (n_tokens, d_ff) per layer, in ``act_bytes``.
+    - norms: 2 per layer and the final one; forward reads x, writes y; backward reads x and dy, writes
+      dx: 5 tensors of (n_tokens, d_model) each, fp32 (norms stay fp32 under autocast).
+    - loss: log-softmax and its gradient over the logits, fp32: 4 tensors of (n_tokens, vocab_size).
+    - optimizer and clipping: AdamW reads weight, gradient and two moments and writes three; clipping
+      reads every gradient and scales it: 10 numbers of 4 bytes per parameter.
+
+    Over a measured bandwidth (:func:`copy_bytes_per_second`) these are each part's bound.
+    """
+    return {
+        "GELU": 5 * n_tokens * d_ff * n_layers * act_bytes,
+        "norms": 5 * n_tokens * d_model * (2 * n_layers + 1) * 4,
+        "loss": 4 * n_tokens * vocab_size * 4,
+        "optimizer and clipping": 10 * n_params * 4,
+    }
