@@ -125,6 +125,7 @@ def race(args: argparse.Namespace, device: torch.device, low: torch.dtype | None
 UNBOUNDED = {
     "casts and copies": "conversions between fp32 and the reduced precision; the q, k, v weights concatenated",
     "the rest": "residual adds, gradient accumulation, views, allocations: PyTorch's bookkeeping",
+    "compiled kernels": "torch.compile's fused elementwise work (norms, GELU, adds, casts) and its dispatch",
 }
 
 

@@ -368,6 +368,7 @@ def test_step_parts_sorts_operators_into_the_parts_of_a_step():
     assert step_part("aten::_fused_adamw_") == step_part("Optimizer.step#AdamW.step") == "optimizer and clipping"
     assert step_part("aten::_to_copy") == "casts and copies"
     assert step_part("aten::add_") == "the rest"
+    assert step_part("## Call CompiledFxGraph fzoqgrnbtup67 ##") == "compiled kernels"
     parts = step_parts([("aten::mm", 0.5), ("aten::gelu", 0.1), ("aten::addmm", 0.2), ("aten::add", 0.2)])
     assert list(parts) == ["matrix products", "the rest", "GELU"]
     assert parts["matrix products"] == pytest.approx(0.7)

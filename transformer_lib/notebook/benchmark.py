@@ -461,6 +461,7 @@ STEP_PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("loss", ("log_softmax", "nll_loss", "cross_entropy")),
     ("optimizer and clipping", ("adamw", "Optimizer.", "linalg_vector_norm", "_foreach", "clip_grad")),
     ("casts and copies", ("aten::copy_", "aten::_to_copy", "aten::cat", "aten::clone", "aten::contiguous")),
+    ("compiled kernels", ("CompiledFxGraph", "Torch-Compiled Region", "CompiledFunction", "TorchDynamo")),
 )
 
 
