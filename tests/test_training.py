@@ -517,3 +517,31 @@ def test_clip_gradients_equals_pytorchs_per_tensor_clipping():
     torch.testing.assert_close(norm_a, norm_b)
     for p, q in zip(model_a.parameters(), model_b.parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad)
+
+
+def test_an_interrupt_cancels_the_runs_fit_together_has_not_started(monkeypatch):
+    """Ctrl-C while waiting: the runs not yet started never start, and the thread count is restored."""
+    import concurrent.futures
+    import time
+
+    monkeypatch.setattr(training.os, "cpu_count", lambda: 2)
+    started, release = [], threading.Event()
+
+    def held_fit(self, callback=None):
+        started.append(self)
+        release.wait(10)
+        return self.history
+
+    def interrupt(self, timeout=None):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Trainer, "fit", held_fit)
+    monkeypatch.setattr(concurrent.futures.Future, "exception", interrupt)
+    threads = torch.get_num_threads()
+    runs = _runs(seeds=(0, 1, 2, 3, 4, 5))
+    with pytest.raises(KeyboardInterrupt):
+        training.fit_together(runs)
+    assert torch.get_num_threads() == threads
+    release.set()  # the runs in progress finish
+    time.sleep(0.5)
+    assert 0 < len(started) <= 2  # at most one per worker; the other four were cancelled
