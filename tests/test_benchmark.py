@@ -382,3 +382,18 @@ def test_gpt_step_bytes_counts_each_memory_bound_pass():
         "loss": 4 * 10 * 7 * 4,
         "optimizer and clipping": 10 * 100 * 4,
     }
+
+
+@pytest.mark.benchmark
+def test_fit_together_script_reports_equal_results_and_a_speedup():
+    root = Path(__file__).resolve().parents[1]
+    args = ["--runs", "2", "--steps", "10", "--d-model", "16", "--block-size", "8", "--batch-size", "4"]
+    out = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "fit_together.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    match = re.fullmatch(r"speedup=(\d+\.\d+) equal=(True|False)", out.stdout.strip().splitlines()[-1])
+    assert match and float(match[1]) > 0 and match[2] == "True", out.stdout
