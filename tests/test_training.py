@@ -466,7 +466,7 @@ def test_fit_together_equals_one_run_after_the_other(monkeypatch):
 
 
 def test_fit_together_runs_in_threads_only_where_that_keeps_results_exact(monkeypatch):
-    """Threads only for several CPU workers and no dropout: dropout draws from the one global generator."""
+    """Threads only for several CPU workers, no dropout (it draws from the one global generator) and no compiling."""
     monkeypatch.setattr(training.os, "cpu_count", lambda: 2)
     names = []
     monkeypatch.setattr(
@@ -474,7 +474,8 @@ def test_fit_together_runs_in_threads_only_where_that_keeps_results_exact(monkey
     )
     training.fit_together(_runs(dropout=0.0))
     assert all(n.startswith("fit_together") for n in names)
-    for runs, workers in ((_runs(dropout=0.1), None), (_runs(), 1)):
+    compiled = [trainer(tiny_gpt(seed, dropout=0.0), steps=15, seed=seed, compile=True) for seed in (0, 1, 2)]
+    for runs, workers in ((_runs(dropout=0.1), None), (_runs(), 1), (compiled, None)):
         names.clear()
         training.fit_together(runs, workers=workers)
         assert names == ["MainThread"] * 3  # one after the other, in the caller's thread

@@ -459,7 +459,9 @@ def fit_together(
     is why the trainers train one after the other instead, in the current thread count, when any of
     their models has active dropout (its masks come from PyTorch's one global generator, which the
     threads would share in an order that changes from run to run), when any trainer is not on the
-    CPU (a GPU serves one run at a time anyway), or with one worker. If runs fail, the first failing
+    CPU (a GPU serves one run at a time anyway), compiles (``TrainConfig.compile``: compilation is not
+    made for threads), or trains under ``torchrun`` (its processes already share out the machine),
+    or with one worker. If runs fail, the first failing
     trainer's exception is raised once every run has ended. An interrupt (Ctrl-C, Jupyter's stop
     button) cancels the runs not yet started; those in progress finish their ``fit`` in the
     background. Speed: ``benchmarks/fit_together.py``.
@@ -475,8 +477,14 @@ def fit_together(
         raise ValueError("two of the trainers train the same model (or are the same trainer): runs must be independent")
     n_cores = os.cpu_count() or 1
     workers = min(n_cores, len(trainers)) if workers is None else _validate_int("workers", workers, 1)
-    side_by_side = workers > 1 and all(t.device.type == "cpu" for t in trainers)
-    if not side_by_side or any(_draws_global_random_numbers(t.model) for t in trainers):
+    side_by_side = workers > 1 and all(
+        t.device.type == "cpu"
+        and not t.config.compile
+        and t.world_size == 1
+        and not _draws_global_random_numbers(t.model)
+        for t in trainers
+    )
+    if not side_by_side:
         return [t.fit(callback=callback) for t in trainers]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one PyTorch thread per run: the runs, not the products, share the cores
