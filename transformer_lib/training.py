@@ -461,10 +461,9 @@ def fit_together(
     threads would share in an order that changes from run to run), when any trainer is not on the
     CPU (a GPU serves one run at a time anyway), compiles (``TrainConfig.compile``: compilation is not
     made for threads), or trains under ``torchrun`` (its processes already share out the machine),
-    or with one worker. If runs fail, the first failing
-    trainer's exception is raised once every run has ended. An interrupt (Ctrl-C, Jupyter's stop
-    button) cancels the runs not yet started; those in progress finish their ``fit`` in the
-    background. Speed: ``benchmarks/fit_together.py``.
+    or with one worker. If runs fail, the first failing trainer's exception is raised once every run
+    has ended. An interrupt (Ctrl-C, Jupyter's stop button) cancels the runs not yet started; those
+    in progress finish their ``fit`` in the background. Speed: ``benchmarks/fit_together.py``.
 
     Defined in chapter 4, Positional encoding.
     """
