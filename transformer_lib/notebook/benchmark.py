@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..training import Trainer, lr_at
+from ..utils import best_time
 
 
 class Norm(nn.Module):
@@ -438,18 +439,12 @@ def train_step_bound(
     rounds: int = 5,
 ) -> float:
     """The fewest seconds a training step made of these products takes on this machine: the fastest
-    of ``rounds`` runs of :func:`step_products` (after one to warm up), alone.
+    of ``rounds`` runs of :func:`step_products` (after one to warm up), alone, away from any steps.
 
-    Chapter 8 and ``benchmarks/compare_gpt.py`` divide it by a step's time: the step's share of its bound.
+    ``benchmarks/compare_gpt.py`` prints it beside the bound timed between the steps, and takes the
+    fp32 multiply rate for attention's products from it.
     """
-    run = step_products(shapes, dtype, device, fp32_shapes)
-    run()
-    times = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - t0)
-    return min(times)
+    return best_time(step_products(shapes, dtype, device, fp32_shapes), repeats=rounds)
 
 
 # The parts of a training step, each named with pieces of its PyTorch operators' names (see op_time_shares).
