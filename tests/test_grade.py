@@ -711,3 +711,16 @@ def test_a_check_in_a_cell_that_then_raises_still_counts(tmp_path):
     rows = by_exercise(grade.grade_notebook(late, 60, catalogue=FAKE))
     assert rows["Exercise 99.1"].passed and rows["Exercise 99.2"].passed
     assert "2 cell(s) raised" in rows[grade.NOTEBOOK_ROW].feedback
+
+
+def test_the_sandbox_empties_tmp_before_binding_python_and_the_book(monkeypatch):
+    """A checkout (and its .venv) under /tmp stays visible: the empty /tmp is mounted before the binds,
+    not over them (a clean clone in /tmp failed the sandbox test with 'Kernel died' before this)."""
+    monkeypatch.setattr(grade.shutil, "which", lambda name: "/usr/bin/bwrap")
+    monkeypatch.setattr(grade, "_python_paths", lambda: ("/tmp/clone/.venv", "/tmp/clone/transformer_lib"))
+    command = grade.bwrap_command(Path("/tmp/run"), Path("/tmp/run/work"))
+    tmpfs = command.index("--tmpfs")
+    assert command[tmpfs + 1] == "/tmp"
+    binds = [i for i, arg in enumerate(command) if arg in ("--bind", "--ro-bind", "--ro-bind-try")]
+    assert binds and all(i > tmpfs for i in binds)
+    assert ["--ro-bind", "/tmp/clone/.venv", "/tmp/clone/.venv"] == command[binds[-3] : binds[-3] + 3]

@@ -280,13 +280,15 @@ def bwrap_command(run_dir: Path, work_dir: Path) -> list[str]:
     if bwrap is None:
         raise RuntimeError("--sandbox needs bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; `make sandbox`)")
     command = [bwrap, "--unshare-all", "--die-with-parent", "--new-session"]
+    # an empty /tmp first: mounted after the binds, it would hide a Python (or a book) that lives under /tmp
+    command += ["--tmpfs", "/tmp"]
     system = ["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc"]
     for path in system:
         command += ["--ro-bind-try", path, path]
     for path in _python_paths():
         if not any(path == s or path.startswith(s + "/") for s in system):
             command += ["--ro-bind", path, path]
-    command += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    command += ["--proc", "/proc", "--dev", "/dev"]
     command += ["--bind", str(run_dir), str(run_dir), "--chdir", str(work_dir)]
     # the kernel's parent is the namespace's PID 1: ipykernel would take that for its parent's exit
     # (bubblewrap's --die-with-parent and the containment bound its life instead)
