@@ -397,3 +397,36 @@ def test_fit_together_script_reports_equal_results_and_a_speedup():
     assert out.returncode == 0, out.stderr
     match = re.fullmatch(r"speedup=(\d+\.\d+) equal=(True|False)", out.stdout.strip().splitlines()[-1])
     assert match and float(match[1]) > 0 and match[2] == "True", out.stdout
+
+
+@pytest.mark.benchmark
+def test_mfu_script_prints_each_engines_rate_over_the_peak(tmp_path):
+    """On a CPU with a stated peak: every row's MFU is its TFLOP/s over that peak, and the last line gives both."""
+    lines = script_lines(
+        "mfu.py",
+        *("--n-head", "2", "--vocab-size", "64", "--iters", "8", "--warmup-steps", "3"),
+        *("--eager", "--peak-tflops", "0.001", "--bf16-head"),
+        tmp_path=tmp_path,
+    )
+    rows = [m.groups() for line in lines if (m := re.search(r"([\d.e+-]+) TFLOP/s, MFU (\d+\.\d)%", line))]
+    assert len(rows) == 3, lines  # reference, library, library with its head under autocast
+    for rate, mfu in rows:
+        assert float(mfu) == pytest.approx(float(rate) / 0.001 * 100, rel=0.01, abs=0.1)
+    match = re.fullmatch(r"mfu ours=(\d+\.\d{3}) reference=(\d+\.\d{3})", lines[-1])
+    assert match, lines[-1]
+    losses = [float(m[1]) for line in lines if (m := re.search(r"val_loss (\d+\.\d+)", line))]
+    assert len(losses) == 2 and abs(losses[0] - losses[1]) < 0.05  # same weights, batches and recipe
+
+
+def test_published_peaks_pick_the_specific_variant_first():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    try:
+        from mfu import published_peak, step_flops
+    finally:
+        sys.path.pop(0)
+    assert published_peak("NVIDIA H100 80GB HBM3") == 989e12
+    assert published_peak("NVIDIA H100 PCIe") == 756e12
+    assert published_peak("NVIDIA A100-SXM4-80GB") == 312e12
+    assert published_peak("Tesla T4") is None  # no bf16 tensor cores: MFU is then 'none'
+    # nanoGPT's estimate for GPT-2 small (N = 124M less the 1024 x 768 position table), per token of T = 1024
+    assert step_flops(124_337_664 - 786_432, 12, 768, 1024, 1) == 6 * 123_551_232 + 12 * 12 * 768 * 1024

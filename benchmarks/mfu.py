@@ -1,0 +1,176 @@
+"""Model FLOPs utilisation (MFU) of a GPT-2-small training step on a GPU, the library beside nanoGPT's loop.
+
+GPT-2 small's shape as nanoGPT's ``bench.py`` trains it: 12 layers, 12 heads, d_model 768,
+block 1024, batch 12, the vocabulary padded to 50304, no biases, dropout 0, bf16 autocast where
+the device multiplies bf16 natively, both models compiled (``--eager`` for neither). The text is
+the packaged plays, character ids inside the padded vocabulary: the step's speed does not depend
+on which ids it reads. As in :mod:`compare_gpt`, the library's :class:`Trainer` and a
+nanoGPT-style reference start from the same weights and alternate step by step on the same
+batches; the first ``--warmup-steps`` steps (compilation included) are not timed.
+
+A step's FLOPs are nanoGPT's estimate (PaLM's appendix B): ``6 N + 12 L d_model T`` per token,
+``N`` the parameters less the position embedding, the second term attention's own products.
+MFU is the rate they are done at over the GPU's *published* dense bf16 peak (a table below, by
+device name, or ``--peak-tflops``); the rate this GPU reaches on one large bf16 product is printed
+beside it. fp32 products run as TF32 (``torch.set_float32_matmul_precision("high")``, as nanoGPT's
+``train.py`` sets): the library keeps its output head in fp32 under autocast. ``--bf16-head`` adds
+a row for the library with the head under autocast like the rest, to show what that choice costs.
+The last line reads
+
+    mfu ours=<share> reference=<share>          (none where the peak is unknown)
+
+    python benchmarks/mfu.py                    # on a GPU: about 2-3 minutes, mostly compilation
+    python benchmarks/mfu.py --bf16-head        # and the diagnostic row
+    python benchmarks/mfu.py --device cpu --n-layer 2 --d-model 64 --block-size 32 --vocab-size 128 \\
+        --batch-size 2 --iters 8 --warmup-steps 3 --eager --peak-tflops 1   # the script's own check
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from unittest import mock
+
+import torch
+from torch import Tensor
+
+from recipe import char_data, recipe_config, recipe_gpt, recipe_parser  # benchmarks/recipe.py, beside this script
+from transformer_lib import count_parameters, get_device, set_seed
+from transformer_lib.notebook.benchmark import ReferenceGPT, matmul_flops_per_second, train_side_by_side
+from transformer_lib.text import random_blocks
+from transformer_lib.training import Trainer
+
+# Published dense (no sparsity) bf16 tensor-core peaks, FLOP/s, by a piece of torch.cuda.get_device_name().
+# The first entry whose every piece is in the name wins: the specific variants come before the generic one.
+PUBLISHED_BF16_PEAK: list[tuple[tuple[str, ...], float]] = [
+    (("H100", "PCIe"), 756e12),
+    (("H100", "NVL"), 835e12),
+    (("H100",), 989e12),  # SXM ("H100 80GB HBM3")
+    (("H200",), 989e12),
+    (("GH200",), 989e12),
+    (("A100",), 312e12),
+    (("L40S",), 362e12),
+    (("L4",), 121e12),
+]
+
+
+def published_peak(device_name: str) -> float | None:
+    """The dense bf16 peak published for the GPU called ``device_name``, or None if the table lacks it."""
+    for pieces, peak in PUBLISHED_BF16_PEAK:
+        if all(piece in device_name for piece in pieces):
+            return peak
+    return None
+
+
+def step_flops(n_params: int, n_layers: int, d_model: int, block_size: int, tokens: int) -> float:
+    """nanoGPT's estimate of one training step's FLOPs: ``(6 N + 12 L d_model T)`` per token."""
+    return (6 * n_params + 12 * n_layers * d_model * block_size) * tokens
+
+
+def median_step(step: Callable[[], object], device: torch.device, steps: int, warmup: int) -> float:
+    """Median seconds of ``step()`` over ``steps`` calls after ``warmup`` untimed ones, the device drained each time."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    times = []
+    for i in range(warmup + steps):
+        sync()
+        t0 = time.perf_counter()
+        step()
+        sync()
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main() -> None:
+    p = recipe_parser(__doc__.splitlines()[0])
+    p.set_defaults(n_layer=12, n_head=12, d_model=768, block_size=1024, batch_size=12, iters=40, warmup=10)
+    p.add_argument("--vocab-size", type=int, default=50304, help="GPT-2's 50257 padded to a multiple of 64")
+    p.add_argument("--warmup-steps", type=int, default=10, help="untimed steps first (compilation included)")
+    p.add_argument("--eager", action="store_true", help="neither model compiled")
+    p.add_argument("--peak-tflops", type=float, default=None, help="the device's bf16 peak, if the table lacks it")
+    p.add_argument("--bf16-head", action="store_true", help="also time the library with its head under autocast")
+    args = p.parse_args()
+    device = get_device(args.device)
+    torch.set_float32_matmul_precision("high")  # TF32 for fp32 products on a GPU, as nanoGPT trains
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
+    peak = args.peak_tflops * 1e12 if args.peak_tflops else published_peak(name) if device.type == "cuda" else None
+    print(f"device={device} {name}; published dense bf16 peak: {f'{peak / 1e12:.0f} TFLOP/s' if peak else 'unknown'}")
+
+    tok, train, val = char_data(args)
+    if args.vocab_size < tok.vocab_size:
+        raise ValueError(f"--vocab-size must hold the text's {tok.vocab_size} characters, got {args.vocab_size}")
+    set_seed(args.seed)
+    ours = recipe_gpt(args, args.vocab_size)
+    reference = ReferenceGPT(
+        args.vocab_size, args.block_size, args.n_layer, args.n_head, args.d_model, bias=False
+    ).copy_from(ours)
+    compile_ = not args.eager
+    trainer = Trainer(
+        ours, recipe_config(args, compile=compile_), lambda g: random_blocks(train, 1, 1, g), device=device
+    )
+    g = torch.Generator().manual_seed(args.seed)
+
+    def batch() -> tuple[Tensor, Tensor]:
+        return tuple(t.to(device) for t in random_blocks(train, args.batch_size, args.block_size, g))
+
+    n = (len(val) - 1) // args.block_size  # validation: consecutive blocks, at most 4 batches
+    xs = val[: n * args.block_size].view(n, args.block_size)[: 4 * args.batch_size].to(device)
+    ys = val[1 : n * args.block_size + 1].view(n, args.block_size)[: 4 * args.batch_size].to(device)
+    val_batches = list(zip(xs.split(args.batch_size), ys.split(args.batch_size), strict=True))
+
+    precision = str(trainer.amp_dtype).removeprefix("torch.") if trainer.amp_dtype else "fp32"
+    n_params = count_parameters(ours) - ours.pos.weight.numel()  # nanoGPT's N: the position table left out
+    flops = step_flops(n_params, args.n_layer, args.d_model, args.block_size, args.batch_size * args.block_size)
+    print(
+        f"GPT: {args.n_layer} layers, {args.n_head} heads, d_model {args.d_model}, block {args.block_size}, "
+        f"batch {args.batch_size}, vocab {args.vocab_size}: {n_params / 1e6:.1f}M parameters (N), "
+        f"{flops / 1e12:.2f} TFLOP per step; {precision}{', compiled' if compile_ else ', eager'}",
+        flush=True,
+    )
+    result = train_side_by_side(
+        trainer, reference, batch, val_batches, steps=args.iters, warmup=args.warmup_steps, compile_reference=compile_
+    )
+    rows = [
+        ("reference", result.reference_step, result.reference_val_loss),
+        ("ours", result.ours_step, result.ours_val_loss),
+    ]
+    if args.bf16_head:
+        set_seed(args.seed)
+        model = recipe_gpt(args, args.vocab_size)
+        with mock.patch("transformer_lib.models.output_in_fp32", lambda head, h: head(h)):
+            variant = Trainer(
+                model, recipe_config(args, compile=compile_), lambda g: random_blocks(train, 1, 1, g), device=device
+            )
+            step = median_step(
+                lambda: variant.train_step(batch()), device, args.iters - args.warmup_steps, args.warmup_steps
+            )
+        rows.append(("ours, bf16 head", step, float("nan")))
+    mfu = {}
+    for who, seconds, loss in rows:
+        rate = flops / seconds
+        mfu[who] = rate / peak if peak else None
+        print(
+            f"{who:>15}: {seconds * 1000:.1f} ms/step, {result.tokens_per_step / seconds:,.0f} tokens/s, "
+            f"{rate / 1e12:.4g} TFLOP/s, MFU {f'{mfu[who]:.1%}' if peak else 'none'}"
+            + (f", val_loss {loss:.4f}" if loss == loss else "")
+        )
+    print(
+        f"first step (compilation): ours {result.ours_first_step:.1f} s, "
+        f"reference {result.reference_first_step:.1f} s; "
+        f"{result.steps - args.warmup_steps} steps timed; library over reference {result.speedup:.2f}x"
+    )
+    if device.type == "cuda":
+        measured = matmul_flops_per_second([(8192, 8192, 8192)], torch.bfloat16, device)
+        print(
+            f"one 8192^3 bf16 product on this GPU: {measured / 1e12:.0f} TFLOP/s"
+            + (f" ({measured / peak:.0%} of the published peak)" if peak else "")
+        )
+    print(
+        "\nmfu "
+        + " ".join(f"{who}={'none' if mfu[who] is None else f'{mfu[who]:.3f}'}" for who in ("ours", "reference"))
+    )
+
+
+if __name__ == "__main__":
+    main()

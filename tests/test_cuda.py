@@ -1,0 +1,100 @@
+"""The library on a CUDA GPU: what the CPU suite cannot see. Skipped where there is no GPU.
+
+The rest of the suite runs on the CPU; these run the same promises on CUDA, where the kernels,
+the mixed precision (bf16 autocast, or fp16 with a loss scaler on GPUs without bf16) and the
+asynchronous queue are different: the training step never waits for the GPU, the cache gives
+the uncached tokens, the library's GPT equals nanoGPT's on the same weights, and
+``fit_together`` trains GPU runs one after the other, each as it trains alone.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from transformer_lib import GPT, GPTConfig
+from transformer_lib.notebook.benchmark import ReferenceGPT
+from transformer_lib.precision import fused_attention
+from transformer_lib.text import random_blocks
+from transformer_lib.training import TrainConfig, Trainer, fit_together
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+DATA = torch.arange(3000) % 89  # a periodic text: every model learns it
+
+
+def tiny_gpt(seed: int = 0, **overrides) -> GPT:
+    torch.manual_seed(seed)
+    config = dict(vocab_size=97, block_size=32, n_layers=2, n_heads=4, d_model=64, dropout=0.0, bias=False)
+    return GPT(GPTConfig(**(config | overrides)))
+
+
+def trainer_for(model: GPT, steps: int = 20, log_interval: int = 10**6) -> Trainer:
+    config = TrainConfig(
+        max_steps=steps, lr=3e-3, warmup_steps=2, eval_interval=10**6, log_interval=log_interval, progress=False
+    )
+    return Trainer(model, config, lambda g: random_blocks(DATA, 8, 32, g), device=torch.device("cuda"))
+
+
+def test_the_training_step_never_waits_for_the_gpu():
+    trainer = trainer_for(tiny_gpt())
+    assert trainer.amp_dtype in (torch.bfloat16, torch.float16)  # the GPU's native reduced precision
+    g = torch.Generator().manual_seed(0)
+    batches = [tuple(t.cuda() for t in random_blocks(DATA, 8, 32, g)) for _ in range(6)]
+    trainer.train_step(batches[0])  # the first step creates the optimizer's state
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")  # any host sync raises
+    try:
+        for batch in batches[1:]:
+            loss = trainer.train_step(batch)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert loss.is_cuda and torch.isfinite(loss).item()
+
+
+def test_fit_learns_on_the_gpu():
+    trainer = trainer_for(tiny_gpt(), steps=150, log_interval=10)
+    history = trainer.fit()
+    assert history.train_loss[-1] < 0.5 * history.train_loss[0], history.train_loss
+
+
+def test_the_cache_gives_the_uncached_tokens_on_the_gpu():
+    model = tiny_gpt().cuda().eval()
+    prompt = torch.randint(0, 97, (3, 5), device="cuda")
+    cached, logits_cached = model.generate(prompt, 20, temperature=0, use_cache=True, return_logits=True)
+    plain, logits_plain = model.generate(prompt, 20, temperature=0, use_cache=False, return_logits=True)
+    assert cached.is_cuda and torch.equal(cached, plain)
+    torch.testing.assert_close(logits_cached, logits_plain, atol=1e-4, rtol=1e-4)
+
+
+def test_the_library_gpt_equals_nanogpt_on_the_gpu():
+    ours = tiny_gpt().cuda()
+    reference = ReferenceGPT(97, 32, 2, 4, 64, bias=False).cuda().copy_from(ours)
+    x, y = (t.cuda() for t in random_blocks(DATA, 4, 32, torch.Generator().manual_seed(1)))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x, y)[1], reference(x, y)[1], atol=1e-5, rtol=1e-5)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            torch.testing.assert_close(ours(x, y)[1], reference(x, y)[1].float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_fused_attention_on_the_gpu_equals_the_formula(dtype):
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 16, 32, device="cuda", dtype=dtype) for _ in range(3))
+    out = fused_attention(q, k, v, is_causal=True)
+    scores = (q.float() @ k.float().transpose(-2, -1)) / 32**0.5
+    scores = scores.masked_fill(torch.ones(16, 16, dtype=torch.bool, device="cuda").triu(1), float("-inf"))
+    expected = scores.softmax(-1) @ v.float()
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=2e-2)
+
+
+def test_fit_together_trains_gpu_runs_each_as_alone():
+    """On a GPU the runs go one after the other. Not bitwise: CUDA's embedding backward adds with atomics."""
+    together = [trainer_for(tiny_gpt(seed), steps=30, log_interval=10) for seed in (0, 1)]
+    fit_together(together)
+    for seed, trainer in zip((0, 1), together, strict=True):
+        alone = trainer_for(tiny_gpt(seed), steps=30, log_interval=10)
+        alone.fit()
+        assert trainer.step == alone.step == 30
+        torch.testing.assert_close(trainer.history.train_loss, alone.history.train_loss, atol=2e-2, rtol=2e-2)
