@@ -19,8 +19,8 @@ The last line reads
 
     mfu ours=<share> reference=<share>          (none where the peak is unknown)
 
-    python benchmarks/mfu.py                    # on a GPU: about 2-3 minutes, mostly compilation
-    python benchmarks/mfu.py --bf16-head        # and the diagnostic row
+    python benchmarks/mfu.py                    # on a GPU: about a minute (H100), mostly compilation
+    python benchmarks/mfu.py --bf16-head        # and the diagnostic row (75 s on an H100 in all)
     python benchmarks/mfu.py --device cpu --n-layer 2 --d-model 64 --block-size 32 --vocab-size 128 \\
         --batch-size 2 --iters 8 --warmup-steps 3 --eager --peak-tflops 1   # the script's own check
 """
@@ -106,9 +106,11 @@ def main() -> None:
         args.vocab_size, args.block_size, args.n_layer, args.n_head, args.d_model, bias=False
     ).copy_from(ours)
     compile_ = not args.eager
-    trainer = Trainer(
-        ours, recipe_config(args, compile=compile_), lambda g: random_blocks(train, 1, 1, g), device=device
-    )
+
+    def unused(g: torch.Generator) -> tuple[Tensor, Tensor]:  # the Trainer's own batches: train_side_by_side
+        return random_blocks(train, 1, 1, g)  # hands each step its batch instead
+
+    trainer = Trainer(ours, recipe_config(args, compile=compile_), unused, device=device)
     g = torch.Generator().manual_seed(args.seed)
 
     def batch() -> tuple[Tensor, Tensor]:
@@ -139,9 +141,7 @@ def main() -> None:
         set_seed(args.seed)
         model = recipe_gpt(args, args.vocab_size)
         with mock.patch("transformer_lib.models.output_in_fp32", lambda head, h: head(h)):
-            variant = Trainer(
-                model, recipe_config(args, compile=compile_), lambda g: random_blocks(train, 1, 1, g), device=device
-            )
+            variant = Trainer(model, recipe_config(args, compile=compile_), unused, device=device)
             step = median_step(
                 lambda: variant.train_step(batch()), device, args.iters - args.warmup_steps, args.warmup_steps
             )
