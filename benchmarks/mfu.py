@@ -21,7 +21,7 @@ The last line reads
 
     python benchmarks/mfu.py                    # on a GPU: about a minute (H100), mostly compilation
     python benchmarks/mfu.py --bf16-head        # and the diagnostic row (75 s on an H100 in all)
-    python benchmarks/mfu.py --device cpu --n-layer 2 --d-model 64 --block-size 32 --vocab-size 128 \\
+    python benchmarks/mfu.py --device cpu --n-layer 2 --n-head 2 --d-model 64 --block-size 32 --vocab-size 128 \\
         --batch-size 2 --iters 8 --warmup-steps 3 --eager --peak-tflops 1   # the script's own check
 """
 
