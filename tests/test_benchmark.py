@@ -126,6 +126,26 @@ def test_op_time_shares_finds_the_matmul_and_prints_nothing(capfd):
     assert out == "" and err == ""  # the profiler's own start/stop lines are silenced
 
 
+def test_op_time_shares_drops_the_profilers_cycle_note_and_keeps_other_warnings(monkeypatch):
+    """On CUDA the profiler warns that it "clears events at the end of each cycle" (chapter 8's GPU run printed it)."""
+    import warnings
+
+    import torch.profiler
+
+    class NotingProfile(torch.profiler.profile):
+        def __exit__(self, *exc):
+            warnings.warn("Warning: Profiler clears events at the end of each cycle.Only events from the current cycle")
+            return super().__exit__(*exc)
+
+    monkeypatch.setattr(torch.profiler, "profile", NotingProfile)
+    a = torch.randn(64, 64)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        op_time_shares(lambda: a @ a)
+        warnings.warn("another warning")
+    assert [str(w.message) for w in caught] == ["another warning"]
+
+
 SCRIPT_TEXT = "To be, or not to be, that is the question.\n" * 300
 
 

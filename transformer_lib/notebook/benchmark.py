@@ -19,6 +19,7 @@ import os
 import statistics
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -362,12 +363,14 @@ def gpt_matmul_shapes(n_tokens: int, d_model: int, d_ff: int, vocab_size: int) -
 
 
 @contextmanager
-def _native_stderr_silenced() -> Iterator[None]:
-    """Send file descriptor 2 to /dev/null: PyTorch's profiler logs its start and stop from C++ there."""
+def _profiler_silenced() -> Iterator[None]:
+    """Send file descriptor 2 to /dev/null (PyTorch's profiler logs its start and stop from C++ there) and
+    drop the profiler's Python note that it "clears events at the end of each cycle" (seen on CUDA)."""
     sys.stderr.flush()
     saved = os.dup(2)
     try:
-        with open(os.devnull, "w") as devnull:
+        with open(os.devnull, "w") as devnull, warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r".*Profiler clears events at the end of each cycle")
             os.dup2(devnull.fileno(), 2)
             yield
     finally:
@@ -384,7 +387,7 @@ def op_time_shares(fn: Callable[[], object], repeats: int = 5) -> list[tuple[str
     from torch.profiler import ProfilerActivity, profile
 
     fn()
-    with _native_stderr_silenced(), profile(activities=[ProfilerActivity.CPU]) as prof:
+    with _profiler_silenced(), profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(repeats):
             fn()
     events = prof.key_averages()
