@@ -134,7 +134,8 @@ def test_op_time_shares_drops_the_profilers_cycle_note_and_keeps_other_warnings(
 
     class NotingProfile(torch.profiler.profile):
         def __exit__(self, *exc):
-            warnings.warn("Warning: Profiler clears events at the end of each cycle.Only events from the current cycle")
+            note = "Warning: Profiler clears events at the end of each cycle.Only events from the current cycle"
+            warnings.warn(note, stacklevel=2)
             return super().__exit__(*exc)
 
     monkeypatch.setattr(torch.profiler, "profile", NotingProfile)
@@ -142,7 +143,7 @@ def test_op_time_shares_drops_the_profilers_cycle_note_and_keeps_other_warnings(
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         op_time_shares(lambda: a @ a)
-        warnings.warn("another warning")
+        warnings.warn("another warning", stacklevel=1)
     assert [str(w.message) for w in caught] == ["another warning"]
 
 
