@@ -51,6 +51,20 @@ def test_the_T_squared_factor_keeps_the_soft_gradient_of_comparable_size():
     assert max(norms) / min(norms) < 1.5, norms
 
 
+def test_at_T_one_the_soft_term_pulls_towards_the_teacher_as_cross_entropy_pulls_towards_the_target():
+    """Chapter 9's reading: with alpha = 1 and T = 1 the gradient on the logits is (p_s - p_t) / N, the
+    cross-entropy's (p_s - one_hot(y)) / N with the teacher's distribution in place of the one-hot target."""
+    t = logits(1)
+    s = logits(0).requires_grad_()
+    distillation_loss(s, t, TARGETS, temperature=1.0, alpha=1.0).backward()
+    n_positions = TARGETS.numel()
+    torch.testing.assert_close(s.grad, (torch.softmax(s, -1) - torch.softmax(t, -1)).detach() / n_positions)
+    s_ce = logits(0).requires_grad_()
+    F.cross_entropy(s_ce.reshape(-1, 7), TARGETS.reshape(-1)).backward()
+    one_hot = F.one_hot(TARGETS, 7).float()
+    torch.testing.assert_close(s_ce.grad, (torch.softmax(s_ce, -1) - one_hot).detach() / n_positions)
+
+
 def test_the_gradient_is_right_and_never_reaches_the_teacher():
     s = logits(0, dtype=torch.float64).requires_grad_()
     t = logits(1, dtype=torch.float64).requires_grad_()
