@@ -13,9 +13,11 @@ For each precision it prints the median milliseconds per step, tokens per second
 loss of each model; the step's counted matrix arithmetic and the *bound*: those products alone,
 at the rate this machine reaches on exactly their shapes in that precision (the output head in
 fp32, as the library keeps it), the fastest any engine could take the step; each model's share of
-it; and where the rest of the library's step goes, part by part (an operator profile), with the
-bound of the memory-bound parts: the bytes each must read and write over the measured copy
-bandwidth. The last line reads
+it; and where the rest of the library's step goes, part by part (an operator profile), with each
+part's time alone (its own kernels on the step's tensors, nothing in between) and the bound of the
+memory-bound parts: the bytes each must read and write over the measured copy bandwidth. The
+difference between the step and its parts alone is what running them inside one eager step costs.
+The last line reads
 
     share_of_bound fp32=<library's share> bf16=<library's share, or none>
 
@@ -38,6 +40,7 @@ from transformer_lib.notebook.benchmark import (
     copy_bytes_per_second,
     gpt_matmul_shapes,
     gpt_step_bytes,
+    gpt_step_parts_alone,
     op_time_shares,
     step_parts,
     step_products,
@@ -117,7 +120,7 @@ def race(args: argparse.Namespace, device: torch.device, low: torch.dtype | None
     print(f"library over reference: {result.speedup:.2f}x")
     B, T = x.shape  # attention's own products, uncounted above: q k^T and weights @ v forward, 4 more backward
     attention_flops = 3 * 2 * (2 * B * T * T * args.d_model) * args.n_layer
-    where_the_time_goes(trainer, x, y, result.ours_step, bound, attention_flops / fp32_rate, args, tok.vocab_size, low)
+    where_the_time_goes(trainer, x, y, result.ours_step, bound, alone, attention_flops / fp32_rate, args, low)
     return bound / result.ours_step
 
 
@@ -135,38 +138,53 @@ def where_the_time_goes(
     y: Tensor,
     step: float,
     bound: float,
+    products_alone: float,
     attention_bound: float,
     args: argparse.Namespace,
-    vocab: int,
     low: torch.dtype | None,
 ) -> None:
-    """The library's step part by part (the profiler's shares of the median step), with each part's bound."""
+    """The library's step part by part (the profiler's shares of the median step), with each part's
+    time alone (its own kernels on the step's tensors, nothing else between them) and its bound."""
+    model, device = trainer.model, trainer.device
     parts = step_parts(op_time_shares(lambda: trainer.train_step((x, y)), repeats=5))
+    cfg = model.config
     n_bytes = gpt_step_bytes(
         x.numel(),
-        args.d_model,
-        4 * args.d_model,
-        args.n_layer,
-        vocab,
-        count_parameters(trainer.model),
+        cfg.d_model,
+        cfg.d_ff,
+        cfg.n_layers,
+        cfg.vocab_size,
+        count_parameters(model),
         act_bytes=4 if low is None else low.itemsize,
     )
-    bandwidth = copy_bytes_per_second(device=trainer.device)
+    B, T = x.shape
+    alone = {"matrix products": products_alone}  # the other parts' own kernels, the fastest of 20 rounds:
+    alone |= gpt_step_parts_alone(model, B, T, low or torch.float32, device, rounds=20)
+    bandwidth = copy_bytes_per_second(device=device)
     print(f"where the library's step goes (operator profile; memory-bound parts against {bandwidth / 1e9:.0f} GB/s):")
     bounds = {
         "matrix products": (bound, "the multiply rate on the step's shapes"),
         "attention kernel": (attention_bound, "its products at the fp32 rate (the CPU attends in fp32)"),
     }
-    bounds |= {part: (b / bandwidth, f"{b / 1e6:.1f} MB read and written") for part, b in n_bytes.items()}
-    print(f"  {'part':24s} {'ms/step':>8s} {'bound ms':>9s}  bounded by")
+    for part, b in n_bytes.items():
+        what = f"{b / 1e6:.1f} MB read and written"
+        if alone[part] > 2 * b / bandwidth:  # e.g. exact GELU: its erf, not its bytes, sets its pace
+            what += f"; alone {alone[part] * bandwidth / b:.1f}x that: its arithmetic and calls"
+        bounds[part] = (b / bandwidth, what)
+    print(f"  {'part':24s} {'ms/step':>8s} {'alone ms':>9s} {'bound ms':>9s}  bounded by")
     for part, share in parts.items():
         limit, what = bounds.get(part, (None, UNBOUNDED.get(part, "")))
-        limit_ms = f"{limit * 1000:9.2f}" if limit is not None else f"{'':9s}"
-        print(f"  {part:24s} {share * step * 1000:8.2f} {limit_ms}  {what}")
-    total = sum(limit for limit, _ in bounds.values())
+        cells = [f"{t * 1000:9.2f}" if t is not None else f"{'':9s}" for t in (alone.get(part), limit)]
+        print(f"  {part:24s} {share * step * 1000:8.2f} {' '.join(cells)}  {what}")
+    total, total_alone = sum(limit for limit, _ in bounds.values()), sum(alone.values())
     print(
         f"  the parts' bounds add up to {total * 1000:.1f} ms: the step ({step * 1000:.1f} ms) is at "
         f"{total / step:.0%} of them (shares from the profiler, which slows small operators more than products)"
+    )
+    print(
+        f"  the parts alone add up to {total_alone * 1000:.1f} ms: the step is at {total_alone / step:.0%} of them; "
+        f"the other {(step - total_alone) * 1000:.1f} ms are the casts, the bookkeeping and the parts' slowdown "
+        "inside one eager step"
     )
 
 

@@ -16,6 +16,7 @@ from transformer_lib.notebook.benchmark import (
     copy_bytes_per_second,
     gpt_matmul_shapes,
     gpt_step_bytes,
+    gpt_step_parts_alone,
     matmul_flops_per_second,
     mean_loss,
     op_time_shares,
@@ -214,6 +215,8 @@ def test_compare_gpt_script_prints_each_precisions_share_of_the_bound_last(tmp_p
     assert sum(line.startswith("the bound: ") for line in lines) == races
     assert sum("matrix products" in line for line in lines) == races
     assert sum("the parts' bounds add up to" in line for line in lines) == races
+    alone = [float(m[1]) for line in lines if (m := re.search(r"the parts alone add up to (\d+\.\d) ms", line))]
+    assert len(alone) == races and all(t > 0 for t in alone)
 
 
 class FakeClock:
@@ -403,6 +406,59 @@ def test_gpt_step_bytes_counts_each_memory_bound_pass():
         "loss": 4 * 10 * 7 * 4,
         "optimizer and clipping": 10 * 100 * 4,
     }
+
+
+def test_gpt_step_parts_alone_runs_each_parts_own_kernels_on_the_steps_shapes():
+    """Each part runs its operators as often as the step does, on the step's shapes and dtypes;
+    the optimizer steps a copy, so the model is untouched."""
+    from collections import Counter
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Calls(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            first = args[0] if args and isinstance(args[0], torch.Tensor) else None
+            shape = (tuple(first.shape), first.dtype) if first is not None else None
+            self.seen[func.overloadpacket.__name__, shape] += 1
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=11, block_size=16, n_layers=3, n_heads=2, d_model=8, bias=False))
+    before = [p.detach().clone() for p in model.parameters()]
+    with Calls() as calls:
+        seconds = gpt_step_parts_alone(model, batch_size=4, block_size=16, act_dtype=torch.bfloat16, rounds=2)
+    assert list(seconds) == ["attention kernel", "GELU", "norms", "loss", "optimizer and clipping"]
+    assert all(t > 0 for t in seconds.values())
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before, strict=True))
+    n = 1 + 2  # a warm-up, then 2 rounds
+    seen = calls.seen
+    assert seen["gelu", ((64, 32), torch.bfloat16)] == 3 * n  # (B T, d_ff) in the activations' dtype, once per layer
+    assert seen["gelu_backward", ((64, 32), torch.bfloat16)] == 3 * n
+    assert seen["native_layer_norm", ((64, 8), torch.float32)] == (2 * 3 + 1) * n  # two per layer and the final one
+    attention = [c for (op, _), c in seen.items() if op.startswith("_scaled_dot_product") and "backward" not in op]
+    assert attention == [3 * n]  # once per layer, on (B, n_heads, T, d_head) in fp32 on a CPU
+    assert any(op.startswith("_scaled_dot_product") and shape == ((4, 2, 16, 4), torch.float32) for op, shape in seen)
+    assert sum(c for (op, _), c in seen.items() if op == "_fused_adamw_") == 2 * n  # one fused call per decay group
+    assert sum(c for (op, _), c in seen.items() if op == "nll_loss_forward") == n
+
+
+@pytest.mark.parametrize(
+    "kwargs, error",
+    [
+        ({"rounds": 0}, ValueError),
+        ({"batch_size": 0}, ValueError),
+        ({"model": torch.nn.Linear(2, 2)}, TypeError),
+    ],
+)
+def test_gpt_step_parts_alone_rejects_bad_input(kwargs, error):
+    model = GPT(GPTConfig(vocab_size=11, block_size=16, n_layers=1, n_heads=2, d_model=8))
+    args = {"model": model, "batch_size": 2, "block_size": 8} | kwargs
+    with pytest.raises(error, match=next(iter(kwargs))):
+        gpt_step_parts_alone(**args)
 
 
 @pytest.mark.benchmark

@@ -500,3 +500,106 @@ def gpt_step_bytes(
         "loss": 4 * n_tokens * vocab_size * 4,
         "optimizer and clipping": 10 * n_params * 4,
     }
+
+
+def gpt_step_parts_alone(
+    model: nn.Module,
+    batch_size: int,
+    block_size: int,
+    act_dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    rounds: int = 5,
+) -> dict[str, float]:
+    """Seconds that each part of a GPT training step outside the matrix products takes *alone*: that
+    part's own PyTorch operators, forward and backward, on random tensors of the step's exact shapes,
+    run together with nothing else in between (the fastest of ``rounds`` after a warm-up, in cache
+    where the tensors fit). :data:`STEP_PARTS`' names:
+
+    - attention kernel: ``F.scaled_dot_product_attention(q, k, v, is_causal=True)`` over
+      (B, n_heads, T, d_head), once per layer, in fp32 on a CPU (the library attends in fp32 there,
+      :func:`~transformer_lib.precision.fused_attention`), else in ``act_dtype``;
+    - GELU: ``F.gelu`` over (B T, d_ff) in ``act_dtype``, once per layer;
+    - norms: ``F.layer_norm`` over (B T, d_model) in fp32, two per layer and the final one;
+    - loss: ``F.cross_entropy`` over (B T, vocab_size) fp32 logits;
+    - optimizer and clipping: :func:`~transformer_lib.training.clip_gradients` and the Trainer's AdamW
+      (:func:`~transformer_lib.training.make_optimizer`) on a copy of ``model``'s parameters.
+
+    The sizes are read from ``model.config`` (a :class:`~transformer_lib.models.GPT`'s: ``d_model``,
+    ``n_heads``, ``d_ff``, ``vocab_size``, ``n_layers``). No engine does a part faster with these
+    kernels. Against the bytes each part must move (:func:`gpt_step_bytes`) this shows which parts
+    their arithmetic bounds (exact GELU's erf) rather than memory; against the step's profile, what
+    running them inside one eager step costs.
+    """
+    import copy
+
+    from ..training import clip_gradients, make_optimizer
+
+    if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 1:
+        raise ValueError(f"rounds must be a positive int, got {rounds!r}")
+    cfg = getattr(model, "config", None)
+    if cfg is None or not all(hasattr(cfg, a) for a in ("d_model", "n_heads", "d_ff", "vocab_size", "n_layers")):
+        raise TypeError(
+            f"model must be a GPT (with .config: d_model, n_heads, d_ff, vocab_size, n_layers), "
+            f"got {type(model).__name__}"
+        )
+    for name, value in (("batch_size", batch_size), ("block_size", block_size)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    device = torch.device(device)
+    d, n_heads, d_ff, vocab, n_layers = cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.vocab_size, cfg.n_layers
+    n = batch_size * block_size
+    g = torch.Generator(device=device).manual_seed(0)
+
+    def leaf(*shape: int, dtype: torch.dtype = torch.float32) -> Tensor:
+        return torch.randn(*shape, generator=g, device=device, dtype=dtype).requires_grad_()
+
+    attn_dtype = torch.float32 if device.type == "cpu" else act_dtype
+    q, k, v = (leaf(batch_size, n_heads, block_size, d // n_heads, dtype=attn_dtype) for _ in range(3))
+    h = leaf(n, d_ff, dtype=act_dtype)
+    x, w = leaf(n, d), leaf(d)
+    logits, y = leaf(n, vocab), torch.randint(vocab, (n,), generator=g, device=device)
+    shadow = copy.deepcopy(model).to(device)  # the optimizer steps a copy; the caller's model is untouched
+    for p in shadow.parameters():
+        p.grad = torch.randn(p.shape, generator=g, device=device)
+    optimizer = make_optimizer(shadow, lr=1e-4, weight_decay=0.1, device=device)
+
+    def timed(fn: Callable[[], object]) -> float:
+        def run() -> None:
+            fn()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+
+        return best_time(run, repeats=rounds)
+
+    def attention() -> None:
+        for _ in range(n_layers):
+            F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(torch.ones_like(q))
+
+    def gelu() -> None:
+        for _ in range(n_layers):
+            F.gelu(h).backward(torch.ones_like(h))
+
+    def norms() -> None:
+        for _ in range(2 * n_layers + 1):
+            F.layer_norm(x, (d,), w).backward(torch.ones_like(x))
+
+    def loss() -> None:
+        F.cross_entropy(logits, y).backward()
+
+    def optimizer_and_clipping() -> None:
+        clip_gradients(shadow.parameters(), 1.0, device)
+        optimizer.step()
+
+    parts = {
+        "attention kernel": attention,
+        "GELU": gelu,
+        "norms": norms,
+        "loss": loss,
+        "optimizer and clipping": optimizer_and_clipping,
+    }
+    seconds = {}
+    for part, fn in parts.items():
+        seconds[part] = timed(fn)
+        for t in (q, k, v, h, x, w, logits):
+            t.grad = None  # gradients accumulate in the leaves; drop them between parts
+    return seconds
