@@ -40,6 +40,21 @@ def test_alpha_zero_is_cross_entropy_and_a_perfect_imitation_costs_nothing():
     assert distillation_loss(s, t, TARGETS, 3.0, alpha=1.0) > 0.1
 
 
+def test_a_term_with_no_weight_is_not_computed():
+    """alpha = 1 reads the targets only for the mask (a transfer set's labels may be anything in range
+    or not), and alpha = 0 is the cross-entropy exactly, not plus 0 times a KL."""
+    s, t = logits(0), logits(1)
+    out_of_range = torch.full_like(TARGETS, 7)  # no such class among 7: cross-entropy would fail on it
+    assert torch.equal(
+        distillation_loss(s, t, out_of_range, 2.0, alpha=1.0), distillation_loss(s, t, TARGETS, 2.0, alpha=1.0)
+    )
+    with pytest.raises(IndexError):
+        distillation_loss(s, t, out_of_range, 2.0, alpha=0.5)
+    assert torch.equal(
+        distillation_loss(s, t, TARGETS, 2.0, alpha=0.0), F.cross_entropy(s.reshape(-1, 7), TARGETS.reshape(-1))
+    )
+
+
 def test_the_T_squared_factor_keeps_the_soft_gradient_of_comparable_size():
     """Without T**2 the soft term's gradient shrinks like 1/T**2; with it, it settles as T grows."""
     t = logits(1)

@@ -61,12 +61,16 @@ def distillation_loss(
     keep = y != ignore_index  # (N,) the positions that count
     if _reads_are_free(keep) and not keep.any():  # on a GPU this check would stall every step: the loss is NaN
         raise ValueError(f"every target is ignore_index={ignore_index}: there is nothing to learn from")
-    hard = F.cross_entropy(s, y, ignore_index=ignore_index)
-    log_p_student = F.log_softmax(s / T, dim=-1)  # (N, V)
-    log_p_teacher = F.log_softmax(t.detach() / T, dim=-1)
-    kl = F.kl_div(log_p_student, log_p_teacher, log_target=True, reduction="none").sum(-1)  # (N,) KL(teacher||student)
-    soft = kl.masked_fill(~keep, 0.0).sum() / keep.sum()  # the mean over the kept positions
-    return alpha * T**2 * soft + (1.0 - alpha) * hard
+    terms = []  # a term with no weight is not computed (alpha = 1: the soft targets alone, as in chapter 9)
+    if alpha > 0.0:
+        log_p_student = F.log_softmax(s / T, dim=-1)  # (N, V)
+        log_p_teacher = F.log_softmax(t.detach() / T, dim=-1)
+        kl = F.kl_div(log_p_student, log_p_teacher, log_target=True, reduction="none").sum(-1)  # (N,) KL(t || s)
+        soft = kl.masked_fill(~keep, 0.0).sum() / keep.sum()  # the mean over the kept positions
+        terms.append(alpha * T**2 * soft)
+    if alpha < 1.0:
+        terms.append((1.0 - alpha) * F.cross_entropy(s, y, ignore_index=ignore_index))
+    return terms[0] + terms[1] if len(terms) == 2 else terms[0]
 
 
 def distillation_loss_fn(
