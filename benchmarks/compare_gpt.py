@@ -120,7 +120,7 @@ def race(args: argparse.Namespace, device: torch.device, low: torch.dtype | None
     print(f"library over reference: {result.speedup:.2f}x")
     B, T = x.shape  # attention's own products, uncounted above: q k^T and weights @ v forward, 4 more backward
     attention_flops = 3 * 2 * (2 * B * T * T * args.d_model) * args.n_layer
-    where_the_time_goes(trainer, x, y, result.ours_step, bound, alone, attention_flops / fp32_rate, args, low)
+    where_the_time_goes(trainer, x, y, result.ours_step, bound, alone, attention_flops / fp32_rate, low)
     return bound / result.ours_step
 
 
@@ -140,7 +140,6 @@ def where_the_time_goes(
     bound: float,
     products_alone: float,
     attention_bound: float,
-    args: argparse.Namespace,
     low: torch.dtype | None,
 ) -> None:
     """The library's step part by part (the profiler's shares of the median step), with each part's
@@ -181,10 +180,14 @@ def where_the_time_goes(
         f"  the parts' bounds add up to {total * 1000:.1f} ms: the step ({step * 1000:.1f} ms) is at "
         f"{total / step:.0%} of them (shares from the profiler, which slows small operators more than products)"
     )
+    rest = step - total_alone
     print(
         f"  the parts alone add up to {total_alone * 1000:.1f} ms: the step is at {total_alone / step:.0%} of them; "
-        f"the other {(step - total_alone) * 1000:.1f} ms are the casts, the bookkeeping and the parts' slowdown "
-        "inside one eager step"
+        + (
+            f"the other {rest * 1000:.1f} ms are the casts, the bookkeeping and the parts' slowdown inside one step"
+            if rest > 0  # a compiled step can beat its eager parts: it fuses them
+            else f"the step is {-rest * 1000:.1f} ms faster than its parts run one by one (fused kernels)"
+        )
     )
 
 
