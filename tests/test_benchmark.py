@@ -444,6 +444,8 @@ def test_gpt_step_parts_alone_runs_each_parts_own_kernels_on_the_steps_shapes():
     assert any(op.startswith("_scaled_dot_product") and shape == ((4, 2, 16, 4), torch.float32) for op, shape in seen)
     assert sum(c for (op, _), c in seen.items() if op == "_fused_adamw_") == 2 * n  # one fused call per decay group
     assert sum(c for (op, _), c in seen.items() if op == "nll_loss_forward") == n
+    # No backward adds into an earlier gradient (in the step each layer's tensors are its own).
+    assert not [key for key in seen if key[0] in ("add", "add_") and key[1] and key[1][0] in ((4, 2, 16, 4), (64, 32))]
 
 
 @pytest.mark.parametrize(

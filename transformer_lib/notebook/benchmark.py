@@ -14,6 +14,7 @@ validation batches.
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 import statistics
@@ -29,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..training import Trainer, lr_at
+from ..training import Trainer, clip_gradients, lr_at, make_optimizer
 from ..utils import best_time
 
 
@@ -530,10 +531,6 @@ def gpt_step_parts_alone(
     their arithmetic bounds (exact GELU's erf) rather than memory; against the step's profile, what
     running them inside one eager step costs.
     """
-    import copy
-
-    from ..training import clip_gradients, make_optimizer
-
     if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 1:
         raise ValueError(f"rounds must be a positive int, got {rounds!r}")
     cfg = getattr(model, "config", None)
@@ -558,6 +555,7 @@ def gpt_step_parts_alone(
     h = leaf(n, d_ff, dtype=act_dtype)
     x, w = leaf(n, d), leaf(d)
     logits, y = leaf(n, vocab), torch.randint(vocab, (n,), generator=g, device=device)
+    dq, dh, dx = torch.randn_like(q), torch.randn_like(h), torch.randn_like(x)  # the gradients from above
     shadow = copy.deepcopy(model).to(device)  # the optimizer steps a copy; the caller's model is untouched
     for p in shadow.parameters():
         p.grad = torch.randn(p.shape, generator=g, device=device)
@@ -571,20 +569,22 @@ def gpt_step_parts_alone(
 
         return best_time(run, repeats=rounds)
 
+    # torch.autograd.grad returns each backward's gradients without adding them into the leaves' .grad:
+    # in the step every layer's tensors are its own, so nothing accumulates there either.
     def attention() -> None:
         for _ in range(n_layers):
-            F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(torch.ones_like(q))
+            torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, is_causal=True), (q, k, v), dq)
 
     def gelu() -> None:
         for _ in range(n_layers):
-            F.gelu(h).backward(torch.ones_like(h))
+            torch.autograd.grad(F.gelu(h), h, dh)
 
     def norms() -> None:
         for _ in range(2 * n_layers + 1):
-            F.layer_norm(x, (d,), w).backward(torch.ones_like(x))
+            torch.autograd.grad(F.layer_norm(x, (d,), w), (x, w), dx)
 
     def loss() -> None:
-        F.cross_entropy(logits, y).backward()
+        torch.autograd.grad(F.cross_entropy(logits, y), logits)
 
     def optimizer_and_clipping() -> None:
         clip_gradients(shadow.parameters(), 1.0, device)
@@ -597,9 +597,4 @@ def gpt_step_parts_alone(
         "loss": loss,
         "optimizer and clipping": optimizer_and_clipping,
     }
-    seconds = {}
-    for part, fn in parts.items():
-        seconds[part] = timed(fn)
-        for t in (q, k, v, h, x, w, logits):
-            t.grad = None  # gradients accumulate in the leaves; drop them between parts
-    return seconds
+    return {part: timed(fn) for part, fn in parts.items()}
