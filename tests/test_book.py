@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import unicodedata
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -293,6 +294,29 @@ def test_vendored_scripts_and_licences(book: Path) -> None:
     licences = (static / "LICENSES.md").read_text()
     for name, (version, _) in VENDORED.items():
         assert f"| {name} | {version} |" in licences
+
+
+# The output box of a code cell shows about 79 monospace columns at a 1280-pixel window (measured in headless
+# Chromium with a ruler line); past that a reader must scroll the box sideways to see the end of a line.
+OUTPUT_BOX_COLUMNS = 79
+
+
+def _columns(line: str) -> int:
+    """The monospace columns ``line`` takes: wide characters (emoji such as the checkers' ✅) take two."""
+    return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in line)
+
+
+@pytest.mark.parametrize("doc", CHAPTERS)
+def test_printed_lines_fit_the_output_box(book: Path, doc: str) -> None:
+    """Every line a chapter prints (its own prints and the exercise checkers' lines) fits the output box."""
+    soup = bs4.BeautifulSoup((book / f"{doc}.html").read_text(), "html.parser")
+    wide = [
+        line
+        for pre in soup.select("div.cell_output > div.output pre")
+        for line in pre.get_text().splitlines()
+        if _columns(line) > OUTPUT_BOX_COLUMNS
+    ]
+    assert not wide, f"{doc}: {len(wide)} printed lines wider than {OUTPUT_BOX_COLUMNS} columns:\n" + "\n".join(wide)
 
 
 # --- the pages, as a reader sees them -----------------------------------------------------

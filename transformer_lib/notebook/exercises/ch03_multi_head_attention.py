@@ -259,7 +259,7 @@ def check_attention_crossover(c: Checker, prediction: float) -> None:
     d_model, n_heads, d_ff = (CROSSOVER_SETUP[k] for k in ("d_model", "n_heads", "d_ff"))
     expected = attention_crossover(d_model, d_ff)
     c.case(
-        f"T where attention costs as much as the rest, d_model={d_model}, {n_heads} heads, d_ff={d_ff}",
+        f"T at which attention costs as much as the rest, d_model={d_model}, d_ff={d_ff}",
         lambda: prediction,
         expected,
         bugs=(

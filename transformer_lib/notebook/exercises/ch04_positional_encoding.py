@@ -266,7 +266,7 @@ def check_rope_permutation(c: Checker, to_interleaved: Callable[[Tensor, int], T
         return interleaved_scores(functools.partial(_convert, bug=bug))
 
     c.case(
-        f"scores of {n_heads} heads (d_head={d_head}) with the library's RotaryEmbedding == the half-split model's",
+        f"{n_heads} heads (d_head={d_head}): RotaryEmbedding gives the half-split model's scores",
         lambda wq, bq, wk, bk: interleaved_scores(to_interleaved, wq, bq, wk, bk),
         _rope_scores(x, (wq, bq), (wk, bk), n_heads, _rope_half_split),
         bugs=bug_table(_ROPE_BUGS, wrong_scores),

@@ -270,7 +270,7 @@ def _beam_step(scores: Tensor, logp: Tensor, k: int, *, bug: str = "") -> tuple[
 _BEAM_CASES = (  # (name, B, n beams, k new beams, V, the beams' scores: "zero", "random" or "dead" but the first)
     ("the first step: one beam per example (n=1), B=2, k=3, V=7", 2, 1, 3, 7, "zero"),
     ("a later step: n=3 beams with their scores, B=2, k=3, V=7", 2, 3, 3, 7, "random"),
-    ("the library's first step: k=3 beams, only the first alive (the others -inf), B=2", 2, 3, 3, 7, "dead"),
+    ("the library's first step: k=3 beams, all but the first at -inf, B=2", 2, 3, 3, 7, "dead"),
     ("B=3 examples, n=2 beams, k=4 new beams, V=9", 3, 2, 4, 9, "random"),
 )
 _ROWS_FIX = "beam j of example b is row b * n + j: rows = torch.arange(B)[:, None] * n + index // V"

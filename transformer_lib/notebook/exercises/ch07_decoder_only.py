@@ -390,10 +390,10 @@ def _library_gqa(attn: MultiHeadAttention, x: Tensor, chunks: tuple[int, ...]) -
 
 
 _GQA_CASES = (  # (name, n_heads, n_kv_heads, d_model, chunks: the prompt's length, then each step's)
-    ("4 query heads, 2 key/value heads: a prompt of 5, then 3 tokens one at a time", 4, 2, 32, (5, 1, 1, 1)),
-    ("6 query heads, 3 key/value heads: a prompt of 4, then 2 tokens at once, then 1", 6, 3, 48, (4, 2, 1)),
-    ("8 query heads, 1 key/value head (multi-query): a prompt of 3, then 2 single tokens", 8, 1, 32, (3, 1, 1)),
-    ("4 query heads, 4 key/value heads (plain multi-head): a prompt of 2, then 2 single tokens", 4, 4, 16, (2, 1, 1)),
+    ("4 query heads, 2 key/value heads; chunks of 5, 1, 1, 1", 4, 2, 32, (5, 1, 1, 1)),
+    ("6 query heads, 3 key/value heads; chunks of 4, 2, 1", 6, 3, 48, (4, 2, 1)),
+    ("8 query heads share 1 key/value head; chunks of 3, 1, 1", 8, 1, 32, (3, 1, 1)),
+    ("4 query heads, 4 key/value heads; chunks of 2, 1, 1", 4, 4, 16, (2, 1, 1)),
 )
 
 

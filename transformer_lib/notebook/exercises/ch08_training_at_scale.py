@@ -670,7 +670,7 @@ def check_one_f_one_b(c: Checker, one_f_one_b: Callable[[int, int], Any]) -> Non
     """
     for p, m in _ONE_F_ONE_B_CASES:
         c.case(
-            f"{p} stages, {m} micro-batches: (problem, micro-batches held per stage, finish time)",
+            f"{p} stages, {m} micro-batches: (problem, held per stage, finish time)",
             lambda p, m: pipeline_timeline(one_f_one_b(p, m), p, m),
             pipeline_timeline(_one_f_one_b(p, m), p, m),
             bugs=bug_table(_ONE_F_ONE_B_BUGS, _timeline_with_bug, p, m),
