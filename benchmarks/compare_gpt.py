@@ -17,6 +17,9 @@ it; and where the rest of the library's step goes, part by part (an operator pro
 part's time alone (its own kernels on the step's tensors, nothing in between) and the bound of the
 memory-bound parts: the bytes each must read and write over the measured copy bandwidth. The
 difference between the step and its parts alone is what running them inside one eager step costs.
+Last, about the fastest an eager PyTorch step can be on this machine: the products as the step
+calls them (each layer's own operands, laid out as autograd passes them), the other parts alone,
+and PyTorch's own cost per operator (the same step at a width where every kernel is next to nothing).
 The last line reads
 
     share_of_bound fp32=<library's share> bf16=<library's share, or none>
@@ -29,6 +32,7 @@ The last line reads
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -40,8 +44,10 @@ from transformer_lib.notebook.benchmark import (
     copy_bytes_per_second,
     gpt_matmul_shapes,
     gpt_step_bytes,
+    gpt_step_dispatch_time,
     gpt_step_parts_alone,
     op_time_shares,
+    products_as_called,
     step_parts,
     step_products,
     train_side_by_side,
@@ -51,6 +57,7 @@ from transformer_lib.notebook.benchmark import (
 from transformer_lib.precision import native_dtype
 from transformer_lib.text import random_blocks
 from transformer_lib.training import Trainer
+from transformer_lib.utils import best_time
 
 
 def race(args: argparse.Namespace, device: torch.device, low: torch.dtype | None) -> float:
@@ -120,7 +127,7 @@ def race(args: argparse.Namespace, device: torch.device, low: torch.dtype | None
     print(f"library over reference: {result.speedup:.2f}x")
     B, T = x.shape  # attention's own products, uncounted above: q k^T and weights @ v forward, 4 more backward
     attention_flops = 3 * 2 * (2 * B * T * T * args.d_model) * args.n_layer
-    where_the_time_goes(trainer, x, y, result.ours_step, bound, alone, attention_flops / fp32_rate, low)
+    where_the_time_goes(trainer, x, y, result.ours_step, bound, alone, attention_flops / fp32_rate, low, products)
     return bound / result.ours_step
 
 
@@ -141,6 +148,7 @@ def where_the_time_goes(
     products_alone: float,
     attention_bound: float,
     low: torch.dtype | None,
+    products: Callable[[], None],
 ) -> None:
     """The library's step part by part (the profiler's shares of the median step), with each part's
     time alone (its own kernels on the step's tensors, nothing else between them) and its bound."""
@@ -188,6 +196,41 @@ def where_the_time_goes(
             if rest > 0  # a compiled step can beat its eager parts: it fuses them
             else f"the step is {-rest * 1000:.1f} ms faster than its parts run one by one (fused kernels)"
         )
+    )
+    if not trainer.config.compile:
+        eager_floor(trainer, x, y, step, bound, products, total_alone - products_alone, low)
+
+
+def eager_floor(
+    trainer: Trainer,
+    x: Tensor,
+    y: Tensor,
+    step: float,
+    bound: float,
+    products: Callable[[], None],
+    others_alone: float,
+    low: torch.dtype | None,
+) -> None:
+    """About the fastest an eager PyTorch step can be here: the products as the step calls them, the other
+    parts' kernels alone, and PyTorch's own cost per operator (these overlap by the calls' fixed costs)."""
+    replay = products_as_called(lambda: trainer.train_step((x, y)))
+    rounds = [(best_time(replay, repeats=1), best_time(products, repeats=1)) for _ in range(20)]  # in turn
+    as_called, contiguous = (min(times) for times in zip(*rounds, strict=True))
+    dispatch = gpt_step_dispatch_time(trainer.model, amp=low is not None, device=trainer.device)
+    floor = as_called + others_alone + dispatch
+    print(
+        f"  the products as the step calls them (each layer's own operands, transposed as autograd passes "
+        f"them to the weight gradients): {as_called * 1000:.1f} ms, {as_called / contiguous:.2f}x the bound's products "
+        f"(contiguous, one pair of operands per shape), timed in turn with them"
+    )
+    print(
+        f"  PyTorch's own cost per step apart from its kernels (dispatch, autocast, autograd: the same Trainer "
+        f"step at 4 channels per head and 1 x 4 tokens): {dispatch * 1000:.1f} ms"
+    )
+    print(
+        f"  an eager step takes about {floor * 1000:.1f} ms here at the least ({as_called * 1000:.1f} products + "
+        f"{others_alone * 1000:.1f} other parts alone + {dispatch * 1000:.1f} PyTorch's own): at most "
+        f"{bound / floor:.2f} of the bound; the step is at {floor / step:.0%} of that"
     )
 
 

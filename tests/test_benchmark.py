@@ -16,10 +16,12 @@ from transformer_lib.notebook.benchmark import (
     copy_bytes_per_second,
     gpt_matmul_shapes,
     gpt_step_bytes,
+    gpt_step_dispatch_time,
     gpt_step_parts_alone,
     matmul_flops_per_second,
     mean_loss,
     op_time_shares,
+    products_as_called,
     reference_optimizer,
     step_part,
     step_parts,
@@ -217,6 +219,14 @@ def test_compare_gpt_script_prints_each_precisions_share_of_the_bound_last(tmp_p
     assert sum("the parts' bounds add up to" in line for line in lines) == races
     alone = [float(m[1]) for line in lines if (m := re.search(r"the parts alone add up to (\d+\.\d) ms", line))]
     assert len(alone) == races and all(t > 0 for t in alone)
+    floor = (
+        r"an eager step takes about (\d+\.\d) ms here at the least "
+        r"\((\d+\.\d) products \+ (\d+\.\d) other parts alone \+ (\d+\.\d) PyTorch's own\)"
+    )
+    floors = [[float(g) for g in m.groups()] for line in lines if (m := re.search(floor, line))]
+    assert len(floors) == races
+    for total, *terms in floors:
+        assert all(t > 0 for t in terms) and abs(total - sum(terms)) < 0.2  # the three printed terms add up
 
 
 class FakeClock:
@@ -461,6 +471,80 @@ def test_gpt_step_parts_alone_rejects_bad_input(kwargs, error):
     args = {"model": model, "batch_size": 2, "block_size": 8} | kwargs
     with pytest.raises(error, match=next(iter(kwargs))):
         gpt_step_parts_alone(**args)
+
+
+def test_products_as_called_replays_each_product_with_its_layout_on_operands_of_its_own():
+    """The replay runs the step's products, and nothing else, with the same shapes, strides and dtypes, on new
+    operands, each call its own; the step itself runs once, to be recorded."""
+    from collections import Counter
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from transformer_lib.notebook.benchmark import PRODUCT_OPS
+
+    class Calls(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = Counter()
+            self.pointers = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            tensors = [a for a in args if isinstance(a, torch.Tensor)]
+            self.seen[func.overloadpacket.__name__, tuple((tuple(t.shape), t.stride(), t.dtype) for t in tensors)] += 1
+            self.pointers += [t.data_ptr() for t in tensors]
+            return func(*args, **(kwargs or {}))
+
+    a, w = torch.randn(6, 4), torch.randn(5, 4)
+    bias, x = torch.randn(2, dtype=torch.float64), torch.randn(3, 4, 2, dtype=torch.float64)
+    runs = []
+
+    def step():
+        runs.append(1)
+        h = torch.relu(a @ w.t())  # mm with a transposed operand, stride (1, 4); relu is no product
+        h @ w  # (6, 5) @ (5, 4)
+        torch.addmm(bias, x[0].t(), x[1])  # (2, 4) @ (4, 2) + bias, in float64
+        torch.bmm(x.transpose(1, 2), x)  # (3, 2, 4) @ (3, 4, 2)
+
+    with Calls() as recorded:
+        replay = products_as_called(step)
+    assert len(runs) == 1
+    with Calls() as replayed:
+        replay()
+    products = Counter({key: n for key, n in recorded.seen.items() if key[0] in PRODUCT_OPS})
+    assert len(products) == 4 and replayed.seen == products  # the same products and layouts, nothing else
+    assert ("mm", (((6, 4), (4, 1), torch.float32), ((4, 5), (1, 4), torch.float32))) in products
+    assert (
+        "addmm",
+        (((2,), (1,), torch.float64), ((2, 4), (1, 2), torch.float64), ((4, 2), (2, 1), torch.float64)),
+    ) in products
+    assert not {t.data_ptr() for t in (a, w, bias, x)} & set(replayed.pointers)  # never the step's tensors
+    assert len(set(replayed.pointers)) == len(replayed.pointers) == 9  # each call's operands its own
+
+
+def test_gpt_step_dispatch_time_times_the_models_structure_at_a_tiny_width(monkeypatch):
+    """It times Trainer steps of a GPT with the model's layers, heads and kinds of parts, 4 channels per head."""
+    model = GPT(GPTConfig(vocab_size=11, block_size=16, n_layers=3, n_heads=2, d_model=16, norm="rmsnorm", bias=False))
+    seen = []
+    train_step = Trainer.train_step
+
+    def spy(self, *batches):
+        seen.append((self.model.config, batches[0][0].shape))
+        return train_step(self, *batches)
+
+    monkeypatch.setattr(Trainer, "train_step", spy)
+    seconds = gpt_step_dispatch_time(model, amp=False, steps=3)
+    assert seconds > 0 and len(seen) == 10 + 3  # a warm-up of 10 steps, then the 3 timed
+    config, shape = seen[-1]
+    assert (config.n_layers, config.n_heads, config.d_model, config.norm, config.bias) == (3, 2, 8, "rmsnorm", False)
+    assert tuple(shape) == (1, 4)
+    assert model.config.d_model == 16  # the caller's model is not touched
+
+
+@pytest.mark.parametrize("kwargs, error", [({"model": torch.nn.Linear(2, 2)}, TypeError), ({"steps": 0}, ValueError)])
+def test_gpt_step_dispatch_time_rejects_bad_input(kwargs, error):
+    args = {"model": GPT(GPTConfig(vocab_size=11, block_size=16, n_layers=1, n_heads=2, d_model=8))} | kwargs
+    with pytest.raises(error, match="model|steps"):
+        gpt_step_dispatch_time(**args)
 
 
 @pytest.mark.benchmark

@@ -15,6 +15,7 @@ validation batches.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import os
 import statistics
@@ -25,12 +26,15 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..training import Trainer, clip_gradients, lr_at, make_optimizer
+from ..models import GPT
+from ..training import TrainConfig, Trainer, clip_gradients, lr_at, make_optimizer
 from ..utils import best_time
 
 
@@ -598,3 +602,102 @@ def gpt_step_parts_alone(
         "optimizer and clipping": optimizer_and_clipping,
     }
     return {part: timed(fn) for part, fn in parts.items()}
+
+
+# The operators a model's matrix products reach PyTorch's dispatcher as (``matmul`` and ``linear`` decompose to them).
+PRODUCT_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm"})
+
+
+@dataclass(frozen=True)
+class _TensorSpec:
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+
+
+def _spec(value: object) -> object:
+    if isinstance(value, Tensor):
+        return _TensorSpec(tuple(value.shape), value.stride(), value.dtype, value.device)
+    return value
+
+
+def products_as_called(step: Callable[[], object]) -> Callable[[], None]:
+    """A function that runs the matrix products one call of ``step()`` runs, as the step runs them: the
+    same operators (:data:`PRODUCT_OPS`) on operands of the same shapes, strides and dtypes, with random
+    values made here, a set of its own for each call (in a step each layer has its own weights and
+    activations).
+
+    ``step()`` runs once here, under a dispatch mode that records the calls (a training step changes
+    its model's weights). Against :func:`step_products` (contiguous ``(M, K) @ (K, N)``, one pair of
+    operands per shape) the difference is what the step's own layouts cost: the transposed operands
+    autograd passes to each weight gradient (a sum over the tokens, which are the rows), and operands
+    that another layer's products pushed out of cache.
+    """
+    calls: list[tuple[Any, list[object], dict[str, object]]] = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            kwargs = kwargs or {}
+            if func.overloadpacket.__name__ in PRODUCT_OPS:
+                calls.append((func, [_spec(a) for a in args], {k: _spec(v) for k, v in kwargs.items()}))
+            return func(*args, **kwargs)
+
+    with Record():
+        step()
+    generators: dict[torch.device, torch.Generator] = {}
+
+    def operand(value: object) -> object:
+        """Random values with the recorded layout: a flat buffer, viewed with the recorded strides."""
+        if not isinstance(value, _TensorSpec):
+            return value
+        g = generators.setdefault(value.device, torch.Generator(device=value.device).manual_seed(0))
+        n = 1 + sum((size - 1) * stride for size, stride in zip(value.shape, value.stride, strict=True))
+        flat = torch.randn(n if all(value.shape) else 0, generator=g, device=value.device).to(value.dtype)
+        return flat.as_strided(value.shape, value.stride)
+
+    replays = [(func, [operand(a) for a in args], {k: operand(v) for k, v in kw.items()}) for func, args, kw in calls]
+    cuda = any(isinstance(a, _TensorSpec) and a.device.type == "cuda" for _, args, _ in calls for a in args)
+
+    def run() -> None:
+        for func, args, kwargs in replays:
+            func(*args, **kwargs)
+        if cuda:
+            torch.cuda.synchronize()
+
+    return run
+
+
+def gpt_step_dispatch_time(
+    model: nn.Module, amp: bool = True, device: torch.device | str = "cpu", steps: int = 50
+) -> float:
+    """Seconds that PyTorch's eager mode spends on one training step of a GPT shaped like ``model``,
+    apart from the work of its kernels: the median :meth:`~transformer_lib.training.Trainer.train_step`
+    of a GPT with ``model``'s configuration (its layers, heads, norms, activation, positions) but 4 channels
+    per head, a vocabulary of 8 and batches of 1 x 4 tokens, where every kernel's own work is next to
+    nothing. What remains is the per-operator cost of about 500 operators going through the dispatcher,
+    autocast and autograd (and the Trainer's Python), which does not shrink with the model.
+
+    ``amp`` as in :class:`~transformer_lib.training.TrainConfig` (the precision it picks on ``device``).
+    """
+    cfg = getattr(model, "config", None)
+    if cfg is None or not dataclasses.is_dataclass(cfg) or not hasattr(cfg, "n_heads"):
+        raise TypeError(f"model must be a GPT (with a GPTConfig as .config), got {type(model).__name__}")
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+        raise ValueError(f"steps must be a positive int, got {steps!r}")
+    device = torch.device(device)
+    tiny = dataclasses.replace(cfg, vocab_size=8, block_size=4, d_model=4 * cfg.n_heads, d_ff=None, dropout=0.0)
+    x = torch.randint(8, (1, 4), generator=torch.Generator().manual_seed(0))
+    batch = (x, x.roll(-1, dims=1))
+    config = TrainConfig(max_steps=10 * steps + 10, warmup_steps=1, amp=amp, progress=False)
+    trainer = Trainer(GPT(tiny), config, lambda g: batch, device=device)
+    for _ in range(10):  # warm-up: the allocator's caches, the optimizer's state
+        trainer.train_step(batch)
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        trainer.train_step(batch)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
