@@ -690,7 +690,8 @@ def gpt_step_dispatch_time(
     x = torch.randint(8, (1, 4), generator=torch.Generator().manual_seed(0))
     batch = (x, x.roll(-1, dims=1))
     config = TrainConfig(max_steps=10 * steps + 10, warmup_steps=1, amp=amp, progress=False)
-    trainer = Trainer(GPT(tiny), config, lambda g: batch, device=device)
+    with torch.random.fork_rng(devices=[]):  # the tiny model's initial weights leave the caller's random state alone
+        trainer = Trainer(GPT(tiny), config, lambda g: batch, device=device)
     for _ in range(10):  # warm-up: the allocator's caches, the optimizer's state
         trainer.train_step(batch)
     times = []
