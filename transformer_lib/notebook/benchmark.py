@@ -672,11 +672,12 @@ def gpt_step_dispatch_time(
     model: nn.Module, amp: bool = True, device: torch.device | str = "cpu", steps: int = 50
 ) -> float:
     """Seconds that PyTorch's eager mode spends on one training step of a GPT shaped like ``model``,
-    apart from the work of its kernels: the median :meth:`~transformer_lib.training.Trainer.train_step`
-    of a GPT with ``model``'s configuration (its layers, heads, norms, activation, positions) but 4 channels
-    per head, a vocabulary of 8 and batches of 1 x 4 tokens, where every kernel's own work is next to
-    nothing. What remains is the per-operator cost of about 500 operators going through the dispatcher,
-    autocast and autograd (and the Trainer's Python), which does not shrink with the model.
+    apart from the work of its kernels: the fastest of ``steps`` calls of
+    :meth:`~transformer_lib.training.Trainer.train_step` on a GPT with ``model``'s configuration (its
+    layers, heads, norms, activation, positions) but 4 channels per head, a vocabulary of 8 and batches
+    of 1 x 4 tokens, where every kernel's own work is next to nothing. What remains is the per-operator
+    cost of about 500 operators going through the dispatcher, autocast and autograd (and the Trainer's
+    Python), which does not shrink with the model.
 
     ``amp`` as in :class:`~transformer_lib.training.TrainConfig` (the precision it picks on ``device``).
     """
@@ -689,16 +690,13 @@ def gpt_step_dispatch_time(
     tiny = dataclasses.replace(cfg, vocab_size=8, block_size=4, d_model=4 * cfg.n_heads, d_ff=None, dropout=0.0)
     x = torch.randint(8, (1, 4), generator=torch.Generator().manual_seed(0))
     batch = (x, x.roll(-1, dims=1))
-    config = TrainConfig(max_steps=10 * steps + 10, warmup_steps=1, amp=amp, progress=False)
+    config = TrainConfig(max_steps=steps + 2, warmup_steps=1, amp=amp, progress=False)
     with torch.random.fork_rng(devices=[]):  # the tiny model's initial weights leave the caller's random state alone
         trainer = Trainer(GPT(tiny), config, lambda g: batch, device=device)
-    for _ in range(10):  # warm-up: the allocator's caches, the optimizer's state
-        trainer.train_step(batch)
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
+
+    def step() -> None:
         trainer.train_step(batch)
         if device.type == "cuda":
             torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+
+    return best_time(step, repeats=steps)  # after one step to warm up: the optimizer's state, the allocator
