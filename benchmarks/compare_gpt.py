@@ -19,8 +19,10 @@ memory-bound parts: the bytes each must read and write over the measured copy ba
 difference between the step and its parts alone is what running them inside one eager step costs.
 Last, about the fastest an eager PyTorch step can be on this machine: the products as the step
 calls them (each layer's own operands, laid out as autograd passes them), the other parts alone,
-and PyTorch's own cost per operator (the same step at a width where every kernel is next to nothing).
-The last line reads
+and PyTorch's own cost per operator (the same step at a width where every kernel is next to nothing),
+against the step at its fastest. The step, the parts and these are timed in turn, the fastest of 20
+rounds each, so that the machine's slow moments (on a shared VM, steps of one run can differ by
+1.5x) weigh on all of them alike. The last line reads
 
     share_of_bound fp32=<library's share> bf16=<library's share, or none>
 
@@ -42,10 +44,11 @@ from transformer_lib import count_parameters, get_device, set_seed
 from transformer_lib.notebook.benchmark import (
     ReferenceGPT,
     copy_bytes_per_second,
+    fastest_in_turn,
     gpt_matmul_shapes,
     gpt_step_bytes,
-    gpt_step_dispatch_time,
-    gpt_step_parts_alone,
+    gpt_step_parts,
+    gpt_tiny_step,
     op_time_shares,
     products_as_called,
     step_parts,
@@ -57,7 +60,6 @@ from transformer_lib.notebook.benchmark import (
 from transformer_lib.precision import native_dtype
 from transformer_lib.text import random_blocks
 from transformer_lib.training import Trainer
-from transformer_lib.utils import best_time
 
 
 def race(args: argparse.Namespace, device: torch.device, low: torch.dtype | None) -> float:
@@ -107,7 +109,6 @@ def race(args: argparse.Namespace, device: torch.device, low: torch.dtype | None
         alongside=products,  # timed in the same rotation as the two steps, under the same load
     )
     bound = result.alongside_step
-    alone = train_step_bound(blocks, low, device, fp32_shapes=head) if low else train_step_bound(blocks + head)
     print(
         f"\n== {name}: both models {'under autocast ' + name if low is not None else 'in fp32'}"
         f"{', compiled' if args.compile else ''}; {result.steps} steps of {result.tokens_per_step} tokens"
@@ -122,12 +123,12 @@ def race(args: argparse.Namespace, device: torch.device, low: torch.dtype | None
         )
     print(
         f"the bound: the step's {flops / 1e9:.2f} GFLOP of products alone ({how}), timed beside the steps: "
-        f"{bound * 1000:.1f} ms (median; the fastest of 5 rounds alone afterwards: {alone * 1000:.1f} ms)"
+        f"{bound * 1000:.1f} ms (median)"
     )
     print(f"library over reference: {result.speedup:.2f}x")
     B, T = x.shape  # attention's own products, uncounted above: q k^T and weights @ v forward, 4 more backward
     attention_flops = 3 * 2 * (2 * B * T * T * args.d_model) * args.n_layer
-    where_the_time_goes(trainer, x, y, result.ours_step, bound, alone, attention_flops / fp32_rate, low, products)
+    where_the_time_goes(trainer, x, y, result.ours_step, bound, attention_flops / fp32_rate, low, products)
     return bound / result.ours_step
 
 
@@ -145,13 +146,13 @@ def where_the_time_goes(
     y: Tensor,
     step: float,
     bound: float,
-    products_alone: float,
     attention_bound: float,
     low: torch.dtype | None,
     products: Callable[[], None],
 ) -> None:
     """The library's step part by part (the profiler's shares of the median step), with each part's
-    time alone (its own kernels on the step's tensors, nothing else between them) and its bound."""
+    time alone (its own kernels on the step's tensors, nothing else between them) and its bound; then,
+    for an eager step, about the fastest an eager step can be here, against the step at its fastest."""
     model, device = trainer.model, trainer.device
     parts = step_parts(op_time_shares(lambda: trainer.train_step((x, y)), repeats=5))
     cfg = model.config
@@ -165,8 +166,17 @@ def where_the_time_goes(
         act_bytes=4 if low is None else low.itemsize,
     )
     B, T = x.shape
-    alone = {"matrix products": products_alone}  # the other parts' own kernels, the fastest of 20 rounds:
-    alone |= gpt_step_parts_alone(model, B, T, low or torch.float32, device, rounds=20)
+    # Everything below is timed in turn, the fastest of 20 rounds each, so that they compare like with like:
+    # the step itself, the bound's products, each other part alone (its own kernels on the step's tensors),
+    # and for an eager step the products as the step calls them and PyTorch's own cost per step.
+    runs = {"the step": lambda: trainer.train_step((x, y)), "matrix products": products}
+    runs |= gpt_step_parts(model, B, T, low or torch.float32, device)
+    eager = not trainer.config.compile
+    if eager:
+        runs["products as called"] = products_as_called(runs["the step"])
+        runs["PyTorch's own"] = gpt_tiny_step(model, amp=low is not None, device=device)
+    fastest = fastest_in_turn(runs, rounds=20)
+    alone = {part: fastest[part] for part in ("matrix products", *n_bytes, "attention kernel")}
     bandwidth = copy_bytes_per_second(device=device)
     print(f"where the library's step goes (operator profile; memory-bound parts against {bandwidth / 1e9:.0f} GB/s):")
     bounds = {
@@ -183,54 +193,48 @@ def where_the_time_goes(
         limit, what = bounds.get(part, (None, UNBOUNDED.get(part, "")))
         cells = [f"{t * 1000:9.2f}" if t is not None else f"{'':9s}" for t in (alone.get(part), limit)]
         print(f"  {part:24s} {share * step * 1000:8.2f} {' '.join(cells)}  {what}")
-    total, total_alone = sum(limit for limit, _ in bounds.values()), sum(alone.values())
+    total, total_alone, fast = sum(limit for limit, _ in bounds.values()), sum(alone.values()), fastest["the step"]
     print(
         f"  the parts' bounds add up to {total * 1000:.1f} ms: the step ({step * 1000:.1f} ms) is at "
         f"{total / step:.0%} of them (shares from the profiler, which slows small operators more than products)"
     )
-    rest = step - total_alone
     print(
-        f"  the parts alone add up to {total_alone * 1000:.1f} ms: the step is at {total_alone / step:.0%} of them; "
+        f"  the step and its parts alone, timed in turn (the fastest of 20 rounds each): the step {fast * 1000:.1f} ms "
+        f"at its fastest ({step * 1000:.1f} ms median in the race), the parts alone {total_alone * 1000:.1f} ms"
+    )
+    rest = fast - total_alone
+    print(
+        f"  at its fastest the step is at {total_alone / fast:.0%} of its parts alone; "
         + (
             f"the other {rest * 1000:.1f} ms are the casts, the bookkeeping and the parts' slowdown inside one step"
             if rest > 0  # a compiled step can beat its eager parts: it fuses them
-            else f"the step is {-rest * 1000:.1f} ms faster than its parts run one by one (fused kernels)"
+            else f"it is {-rest * 1000:.1f} ms faster than its parts run one by one (fused kernels)"
         )
     )
-    if not trainer.config.compile:
-        eager_floor(trainer, x, y, step, bound, products, total_alone - products_alone, low)
+    if eager:
+        eager_floor(fastest, total_alone - fastest["matrix products"])
 
 
-def eager_floor(
-    trainer: Trainer,
-    x: Tensor,
-    y: Tensor,
-    step: float,
-    bound: float,
-    products: Callable[[], None],
-    others_alone: float,
-    low: torch.dtype | None,
-) -> None:
-    """About the fastest an eager PyTorch step can be here: the products as the step calls them, the other
-    parts' kernels alone, and PyTorch's own cost per operator (these overlap by the calls' fixed costs)."""
-    replay = products_as_called(lambda: trainer.train_step((x, y)))
-    rounds = [(best_time(replay, repeats=1), best_time(products, repeats=1)) for _ in range(20)]  # in turn
-    as_called, contiguous = (min(times) for times in zip(*rounds, strict=True))
-    dispatch = gpt_step_dispatch_time(trainer.model, amp=low is not None, device=trainer.device)
-    floor = as_called + others_alone + dispatch
+def eager_floor(fastest: dict[str, float], others_alone: float) -> None:
+    """About the fastest an eager PyTorch step can be here, against the step at its fastest (all timed in
+    turn): the products as the step calls them, the other parts' kernels alone, and PyTorch's own cost
+    per operator (these overlap by the calls' fixed costs)."""
+    as_called, contiguous, own = fastest["products as called"], fastest["matrix products"], fastest["PyTorch's own"]
+    floor, step = as_called + others_alone + own, fastest["the step"]
     print(
         f"  the products as the step calls them (each layer's own operands, transposed as autograd passes "
-        f"them to the weight gradients): {as_called * 1000:.1f} ms, {as_called / contiguous:.2f}x the bound's products "
-        f"(contiguous, one pair of operands per shape), timed in turn with them"
+        f"them to the weight gradients): {as_called * 1000:.1f} ms, {as_called / contiguous:.2f}x the bound's "
+        f"products (contiguous, one pair of operands per shape: {contiguous * 1000:.1f} ms)"
     )
     print(
         f"  PyTorch's own cost per step apart from its kernels (dispatch, autocast, autograd: the same Trainer "
-        f"step at 4 channels per head and 1 x 4 tokens): {dispatch * 1000:.1f} ms"
+        f"step at 4 channels per head and 1 x 4 tokens): {own * 1000:.1f} ms"
     )
     print(
         f"  an eager step takes about {floor * 1000:.1f} ms here at the least ({as_called * 1000:.1f} products + "
-        f"{others_alone * 1000:.1f} other parts alone + {dispatch * 1000:.1f} PyTorch's own): at most "
-        f"{bound / floor:.2f} of the bound; the step is at {floor / step:.0%} of that"
+        f"{others_alone * 1000:.1f} other parts alone + {own * 1000:.1f} PyTorch's own): at most "
+        f"{contiguous / floor:.2f} of the bound (each at its fastest); the step at its fastest "
+        f"({step * 1000:.1f} ms) is at {floor / step:.0%} of that, {contiguous / step:.2f} of the bound"
     )
 
 

@@ -14,10 +14,11 @@ from transformer_lib import GPT, GPTConfig
 from transformer_lib.notebook.benchmark import (
     ReferenceGPT,
     copy_bytes_per_second,
+    fastest_in_turn,
     gpt_matmul_shapes,
     gpt_step_bytes,
-    gpt_step_dispatch_time,
-    gpt_step_parts_alone,
+    gpt_step_parts,
+    gpt_tiny_step,
     matmul_flops_per_second,
     mean_loss,
     op_time_shares,
@@ -217,16 +218,21 @@ def test_compare_gpt_script_prints_each_precisions_share_of_the_bound_last(tmp_p
     assert sum(line.startswith("the bound: ") for line in lines) == races
     assert sum("matrix products" in line for line in lines) == races
     assert sum("the parts' bounds add up to" in line for line in lines) == races
-    alone = [float(m[1]) for line in lines if (m := re.search(r"the parts alone add up to (\d+\.\d) ms", line))]
-    assert len(alone) == races and all(t > 0 for t in alone)
+    in_turn = r"timed in turn \(the fastest of 20 rounds each\): the step (\d+\.\d) ms .* the parts alone (\d+\.\d) ms"
+    fastest = [(float(m[1]), float(m[2])) for line in lines if (m := re.search(in_turn, line))]
+    assert len(fastest) == races and all(step > 0 and alone > 0 for step, alone in fastest)
     floor = (
         r"an eager step takes about (\d+\.\d) ms here at the least "
-        r"\((\d+\.\d) products \+ (\d+\.\d) other parts alone \+ (\d+\.\d) PyTorch's own\)"
+        r"\((\d+\.\d) products \+ (\d+\.\d) other parts alone \+ (\d+\.\d) PyTorch's own\).*"
+        r"the step at its fastest \((\d+\.\d) ms\) is at (\d+)% of that"
     )
     floors = [[float(g) for g in m.groups()] for line in lines if (m := re.search(floor, line))]
     assert len(floors) == races
-    for total, *terms in floors:
+    for (total, *terms, step, percent), (fastest_step, _) in zip(floors, fastest, strict=True):
         assert all(t > 0 for t in terms) and abs(total - sum(terms)) < 0.2  # the three printed terms add up
+        assert step == fastest_step  # the floor is set against the step at its fastest, timed in turn with it
+        ratio, rounding = total / step, total / step * (0.05 / total + 0.05 / step)  # printed to 0.1 ms
+        assert abs(percent / 100 - ratio) <= rounding + 0.005
 
 
 class FakeClock:
@@ -418,7 +424,7 @@ def test_gpt_step_bytes_counts_each_memory_bound_pass():
     }
 
 
-def test_gpt_step_parts_alone_runs_each_parts_own_kernels_on_the_steps_shapes():
+def test_gpt_step_parts_run_each_parts_own_kernels_on_the_steps_shapes():
     """Each part runs its operators as often as the step does, on the step's shapes and dtypes;
     the optimizer steps a copy, so the model is untouched."""
     from collections import Counter
@@ -439,12 +445,14 @@ def test_gpt_step_parts_alone_runs_each_parts_own_kernels_on_the_steps_shapes():
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=11, block_size=16, n_layers=3, n_heads=2, d_model=8, bias=False))
     before = [p.detach().clone() for p in model.parameters()]
+    parts = gpt_step_parts(model, batch_size=4, block_size=16, act_dtype=torch.bfloat16)
+    assert list(parts) == ["attention kernel", "GELU", "norms", "loss", "optimizer and clipping"]
+    n = 2
     with Calls() as calls:
-        seconds = gpt_step_parts_alone(model, batch_size=4, block_size=16, act_dtype=torch.bfloat16, rounds=2)
-    assert list(seconds) == ["attention kernel", "GELU", "norms", "loss", "optimizer and clipping"]
-    assert all(t > 0 for t in seconds.values())
+        for _ in range(n):
+            for part in parts.values():
+                part()
     assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before, strict=True))
-    n = 1 + 2  # a warm-up, then 2 rounds
     seen = calls.seen
     assert seen["gelu", ((64, 32), torch.bfloat16)] == 3 * n  # (B T, d_ff) in the activations' dtype, once per layer
     assert seen["gelu_backward", ((64, 32), torch.bfloat16)] == 3 * n
@@ -461,16 +469,49 @@ def test_gpt_step_parts_alone_runs_each_parts_own_kernels_on_the_steps_shapes():
 @pytest.mark.parametrize(
     "kwargs, error",
     [
-        ({"rounds": 0}, ValueError),
+        ({"block_size": 0}, ValueError),
         ({"batch_size": 0}, ValueError),
         ({"model": torch.nn.Linear(2, 2)}, TypeError),
     ],
 )
-def test_gpt_step_parts_alone_rejects_bad_input(kwargs, error):
+def test_gpt_step_parts_rejects_bad_input(kwargs, error):
     model = GPT(GPTConfig(vocab_size=11, block_size=16, n_layers=1, n_heads=2, d_model=8))
     args = {"model": model, "batch_size": 2, "block_size": 8} | kwargs
     with pytest.raises(error, match=next(iter(kwargs))):
-        gpt_step_parts_alone(**args)
+        gpt_step_parts(**args)
+
+
+def test_fastest_in_turn_times_each_once_a_round_in_turn_and_keeps_each_ones_fastest(monkeypatch):
+    """A warm-up call of each, then rounds in which each runs once, the first place moving on every round;
+    each one's fastest call is kept, so a slow moment of the machine weighs on whichever ran in it."""
+    from transformer_lib.notebook import benchmark
+
+    clock = FakeClock()
+    monkeypatch.setattr(benchmark.time, "perf_counter", clock)
+    order = []
+    slow = iter([0.0] * 3 + [5.0] + [0.0] * 7 + [5.0] + [0.0] * 10)  # slow moments: the first and last timed calls
+
+    def work(name, seconds):
+        def run():
+            order.append(name)
+            clock.now += seconds + next(slow)
+
+        return run
+
+    fastest = fastest_in_turn({"a": work("a", 1.0), "b": work("b", 2.0), "c": work("c", 3.0)}, rounds=3)
+    assert fastest == {"a": 1.0, "b": 2.0, "c": 3.0}
+    assert order == ["a", "b", "c"] + ["a", "b", "c"] + ["b", "c", "a"] + ["c", "a", "b"]
+    fastest = fastest_in_turn({"a": work("a", 1.0)}, rounds=1)
+    assert fastest == {"a": 1.0}
+
+
+@pytest.mark.parametrize(
+    "runs, rounds, error, match",
+    [({"a": lambda: None}, 0, ValueError, "rounds"), ({}, 2, TypeError, "runs"), ({"a": 3}, 2, TypeError, "runs")],
+)
+def test_fastest_in_turn_rejects_bad_input(runs, rounds, error, match):
+    with pytest.raises(error, match=match):
+        fastest_in_turn(runs, rounds=rounds)
 
 
 def test_products_as_called_replays_each_product_with_its_layout_on_operands_of_its_own():
@@ -521,32 +562,35 @@ def test_products_as_called_replays_each_product_with_its_layout_on_operands_of_
     assert len(set(replayed.pointers)) == len(replayed.pointers) == 9  # each call's operands its own
 
 
-def test_gpt_step_dispatch_time_times_the_models_structure_at_a_tiny_width(monkeypatch):
-    """It times Trainer steps of a GPT with the model's layers, heads and kinds of parts, 4 channels per head."""
+def test_gpt_tiny_step_runs_the_models_structure_at_a_tiny_width(monkeypatch):
+    """It runs Trainer steps of a GPT with the model's layers, heads and kinds of parts, 4 channels per head."""
     model = GPT(GPTConfig(vocab_size=11, block_size=16, n_layers=3, n_heads=2, d_model=16, norm="rmsnorm", bias=False))
     seen = []
     train_step = Trainer.train_step
 
     def spy(self, *batches):
-        seen.append((self.model.config, batches[0][0].shape))
+        seen.append((self.model.config, batches[0][0].shape, self.step))
         return train_step(self, *batches)
 
     monkeypatch.setattr(Trainer, "train_step", spy)
     state = torch.random.get_rng_state()
-    seconds = gpt_step_dispatch_time(model, amp=False, steps=3)
+    step = gpt_tiny_step(model, amp=False)
     assert torch.equal(torch.random.get_rng_state(), state)  # the caller's random numbers are not drawn
-    assert seconds > 0 and len(seen) == 1 + 3  # a step to warm up, then the 3 timed
-    config, shape = seen[-1]
+    assert not seen
+    for _ in range(3):
+        step()
+    assert [s for *_, s in seen] == [0, 1, 2]  # each call one more step
+    config, shape, _ = seen[-1]
     assert (config.n_layers, config.n_heads, config.d_model, config.norm, config.bias) == (3, 2, 8, "rmsnorm", False)
     assert tuple(shape) == (1, 4)
     assert model.config.d_model == 16  # the caller's model is not touched
 
 
-@pytest.mark.parametrize("kwargs, error", [({"model": torch.nn.Linear(2, 2)}, TypeError), ({"steps": 0}, ValueError)])
-def test_gpt_step_dispatch_time_rejects_bad_input(kwargs, error):
+@pytest.mark.parametrize("kwargs, error", [({"model": torch.nn.Linear(2, 2)}, TypeError), ({"amp": "yes"}, ValueError)])
+def test_gpt_tiny_step_rejects_bad_input(kwargs, error):
     args = {"model": GPT(GPTConfig(vocab_size=11, block_size=16, n_layers=1, n_heads=2, d_model=8))} | kwargs
-    with pytest.raises(error, match="model|steps"):
-        gpt_step_dispatch_time(**args)
+    with pytest.raises(error, match=next(iter(kwargs))):
+        gpt_tiny_step(**args)
 
 
 @pytest.mark.benchmark

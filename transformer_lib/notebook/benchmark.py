@@ -22,7 +22,7 @@ import statistics
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from functools import partial
@@ -507,18 +507,17 @@ def gpt_step_bytes(
     }
 
 
-def gpt_step_parts_alone(
+def gpt_step_parts(
     model: nn.Module,
     batch_size: int,
     block_size: int,
     act_dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
-    rounds: int = 5,
-) -> dict[str, float]:
-    """Seconds that each part of a GPT training step outside the matrix products takes *alone*: that
-    part's own PyTorch operators, forward and backward, on random tensors of the step's exact shapes,
-    run together with nothing else in between (the fastest of ``rounds`` after a warm-up, in cache
-    where the tensors fit). :data:`STEP_PARTS`' names:
+) -> dict[str, Callable[[], None]]:
+    """Each part of a GPT training step outside the matrix products, to be timed *alone*: a function
+    that runs that part's own PyTorch operators, forward and backward, as often as one step does, on
+    random tensors of the step's exact shapes, with nothing else in between (on CUDA it waits for its
+    kernels). Timed with :func:`fastest_in_turn`, in cache where the tensors fit. :data:`STEP_PARTS`' names:
 
     - attention kernel: ``F.scaled_dot_product_attention(q, k, v, is_causal=True)`` over
       (B, n_heads, T, d_head), once per layer, in fp32 on a CPU (the library attends in fp32 there,
@@ -533,10 +532,8 @@ def gpt_step_parts_alone(
     ``n_heads``, ``d_ff``, ``vocab_size``, ``n_layers``). No engine does a part faster with these
     kernels. Against the bytes each part must move (:func:`gpt_step_bytes`) this shows which parts
     their arithmetic bounds (exact GELU's erf) rather than memory; against the step's profile, what
-    running them inside one eager step costs.
+    running them inside one eager step costs. The optimizer steps a copy: ``model`` is not touched.
     """
-    if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 1:
-        raise ValueError(f"rounds must be a positive int, got {rounds!r}")
     cfg = getattr(model, "config", None)
     if cfg is None or not all(hasattr(cfg, a) for a in ("d_model", "n_heads", "d_ff", "vocab_size", "n_layers")):
         raise TypeError(
@@ -564,14 +561,6 @@ def gpt_step_parts_alone(
     for p in shadow.parameters():
         p.grad = torch.randn(p.shape, generator=g, device=device)
     optimizer = make_optimizer(shadow, lr=1e-4, weight_decay=0.1, device=device)
-
-    def timed(fn: Callable[[], object]) -> float:
-        def run() -> None:
-            fn()
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-
-        return best_time(run, repeats=rounds)
 
     # torch.autograd.grad returns each backward's gradients without adding them into the leaves' .grad:
     # in the step every layer's tensors are its own, so nothing accumulates there either.
@@ -601,7 +590,43 @@ def gpt_step_parts_alone(
         "loss": loss,
         "optimizer and clipping": optimizer_and_clipping,
     }
-    return {part: timed(fn) for part, fn in parts.items()}
+    return {part: _synced(fn, device) for part, fn in parts.items()}
+
+
+def _synced(fn: Callable[[], object], device: torch.device) -> Callable[[], None]:
+    """``fn``, which on CUDA also waits for the kernels it launched (so that timing it times them)."""
+
+    def run() -> None:
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    return run
+
+
+def fastest_in_turn(runs: Mapping[str, Callable[[], object]], rounds: int = 20) -> dict[str, float]:
+    """The fastest of ``rounds`` calls of each function in ``runs``, in seconds, all timed in turn.
+
+    After one call of each to warm up, every round calls each function once, starting one place
+    further on in each round, so that all of them meet the machine's slow and quick moments alike
+    and their fastest times compare like with like. The functions must finish their own work (on
+    CUDA: synchronize), as :func:`gpt_step_parts`, :func:`gpt_tiny_step` and
+    :func:`products_as_called` do.
+    """
+    if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 1:
+        raise ValueError(f"rounds must be a positive int, got {rounds!r}")
+    if not runs or not all(callable(fn) for fn in runs.values()):
+        raise TypeError(f"runs must map names to functions, got {runs!r}")
+    names = list(runs)
+    for name in names:
+        runs[name]()
+    fastest = dict.fromkeys(names, math.inf)
+    for i in range(rounds):
+        for name in names[i % len(names) :] + names[: i % len(names)]:
+            t0 = time.perf_counter()
+            runs[name]()
+            fastest[name] = min(fastest[name], time.perf_counter() - t0)
+    return fastest
 
 
 # The operators a model's matrix products reach PyTorch's dispatcher as (``matmul`` and ``linear`` decompose to them).
@@ -668,35 +693,25 @@ def products_as_called(step: Callable[[], object]) -> Callable[[], None]:
     return run
 
 
-def gpt_step_dispatch_time(
-    model: nn.Module, amp: bool = True, device: torch.device | str = "cpu", steps: int = 50
-) -> float:
-    """Seconds that PyTorch's eager mode spends on one training step of a GPT shaped like ``model``,
-    apart from the work of its kernels: the fastest of ``steps`` calls of
-    :meth:`~transformer_lib.training.Trainer.train_step` on a GPT with ``model``'s configuration (its
-    layers, heads, norms, activation, positions) but 4 channels per head, a vocabulary of 8 and batches
-    of 1 x 4 tokens, where every kernel's own work is next to nothing. What remains is the per-operator
-    cost of about 500 operators going through the dispatcher, autocast and autograd (and the Trainer's
-    Python), which does not shrink with the model.
+def gpt_tiny_step(model: nn.Module, amp: bool = True, device: torch.device | str = "cpu") -> Callable[[], None]:
+    """One training step of PyTorch's eager mode for a GPT shaped like ``model``, with next to no work
+    in its kernels: a function that runs :meth:`~transformer_lib.training.Trainer.train_step` on a GPT
+    with ``model``'s configuration (its layers, heads, norms, activation, positions) but 4 channels per
+    head, a vocabulary of 8 and batches of 1 x 4 tokens. Timed (:func:`fastest_in_turn`), it is the
+    per-operator cost of about 500 operators going through the dispatcher, autocast and autograd (and
+    the Trainer's Python), which does not shrink with the model.
 
     ``amp`` as in :class:`~transformer_lib.training.TrainConfig` (the precision it picks on ``device``).
+    The tiny model's weights are drawn without touching the caller's random state.
     """
     cfg = getattr(model, "config", None)
     if cfg is None or not dataclasses.is_dataclass(cfg) or not hasattr(cfg, "n_heads"):
         raise TypeError(f"model must be a GPT (with a GPTConfig as .config), got {type(model).__name__}")
-    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
-        raise ValueError(f"steps must be a positive int, got {steps!r}")
     device = torch.device(device)
     tiny = dataclasses.replace(cfg, vocab_size=8, block_size=4, d_model=4 * cfg.n_heads, d_ff=None, dropout=0.0)
     x = torch.randint(8, (1, 4), generator=torch.Generator().manual_seed(0))
     batch = (x, x.roll(-1, dims=1))
-    config = TrainConfig(max_steps=steps + 2, warmup_steps=1, amp=amp, progress=False)
+    config = TrainConfig(max_steps=10**9, warmup_steps=1, amp=amp, progress=False)
     with torch.random.fork_rng(devices=[]):  # the tiny model's initial weights leave the caller's random state alone
         trainer = Trainer(GPT(tiny), config, lambda g: batch, device=device)
-
-    def step() -> None:
-        trainer.train_step(batch)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-
-    return best_time(step, repeats=steps)  # after one step to warm up: the optimizer's state, the allocator
+    return _synced(lambda: trainer.train_step(batch), device)
