@@ -231,9 +231,9 @@ def eager_floor(fastest: dict[str, float], others_alone: float) -> None:
         f"step at 4 channels per head and 1 x 4 tokens): {own * 1000:.1f} ms"
     )
     print(
-        f"  an eager step takes about {floor * 1000:.1f} ms here at the least ({as_called * 1000:.1f} products + "
-        f"{others_alone * 1000:.1f} other parts alone + {own * 1000:.1f} PyTorch's own): at most "
-        f"{contiguous / floor:.2f} of the bound (each at its fastest); the step at its fastest "
+        f"  the fastest eager step here takes about {floor * 1000:.1f} ms ({as_called * 1000:.1f} products + "
+        f"{others_alone * 1000:.1f} other parts alone + {own * 1000:.1f} PyTorch's own; they overlap by the calls' "
+        f"fixed costs): about {contiguous / floor:.2f} of the bound; the step at its fastest "
         f"({step * 1000:.1f} ms) is at {floor / step:.0%} of that, {contiguous / step:.2f} of the bound"
     )
 
