@@ -53,6 +53,7 @@ from transformer_lib.notebook.benchmark import (
     products_as_called,
     step_parts,
     step_products,
+    synced,
     train_side_by_side,
     train_step_bound,
     train_step_flops,
@@ -169,7 +170,7 @@ def where_the_time_goes(
     # Everything below is timed in turn, the fastest of 20 rounds each, so that they compare like with like:
     # the step itself, the bound's products, each other part alone (its own kernels on the step's tensors),
     # and for an eager step the products as the step calls them and PyTorch's own cost per step.
-    runs = {"the step": lambda: trainer.train_step((x, y)), "matrix products": products}
+    runs = {"the step": synced(lambda: trainer.train_step((x, y)), device), "matrix products": products}
     runs |= gpt_step_parts(model, B, T, low or torch.float32, device)
     eager = not trainer.config.compile
     if eager:

@@ -98,3 +98,17 @@ def test_fit_together_trains_gpu_runs_each_as_alone():
         alone.fit()
         assert trainer.step == alone.step == 30
         torch.testing.assert_close(trainer.history.train_loss, alone.history.train_loss, atol=2e-2, rtol=2e-2)
+
+
+def test_the_benchmarks_timed_functions_wait_for_the_gpu():
+    """What ``compare_gpt.py`` times on a GPU (``synced``: the step, the parts alone) returns only when the
+    GPU's queue is empty, so its seconds are the kernels', not their launches'."""
+    from transformer_lib.notebook.benchmark import gpt_step_parts, synced
+
+    a = torch.randn(4096, 4096, device="cuda")
+    torch.cuda.synchronize()
+    synced(lambda: [a @ a for _ in range(8)], "cuda")()
+    assert torch.cuda.current_stream().query()  # nothing left queued
+    for part in gpt_step_parts(tiny_gpt().cuda(), 8, 32, torch.bfloat16, "cuda").values():
+        part()
+        assert torch.cuda.current_stream().query()

@@ -590,11 +590,12 @@ def gpt_step_parts(
         "loss": loss,
         "optimizer and clipping": optimizer_and_clipping,
     }
-    return {part: _synced(fn, device) for part, fn in parts.items()}
+    return {part: synced(fn, device) for part, fn in parts.items()}
 
 
-def _synced(fn: Callable[[], object], device: torch.device) -> Callable[[], None]:
-    """``fn``, which on CUDA also waits for the kernels it launched (so that timing it times them)."""
+def synced(fn: Callable[[], object], device: torch.device | str) -> Callable[[], None]:
+    """``fn``, which on CUDA also waits for the kernels it launched, so that timing it times them."""
+    device = torch.device(device)
 
     def run() -> None:
         fn()
@@ -714,4 +715,4 @@ def gpt_tiny_step(model: nn.Module, amp: bool = True, device: torch.device | str
     config = TrainConfig(max_steps=10**9, warmup_steps=1, amp=amp, progress=False)
     with torch.random.fork_rng(devices=[]):  # the tiny model's initial weights leave the caller's random state alone
         trainer = Trainer(GPT(tiny), config, lambda g: batch, device=device)
-    return _synced(lambda: trainer.train_step(batch), device)
+    return synced(lambda: trainer.train_step(batch), device)
