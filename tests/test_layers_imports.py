@@ -179,6 +179,37 @@ def test_importing_the_core_loads_no_notebook_dependency() -> None:
     )
 
 
+def test_importing_the_library_leaves_torch_compile_unloaded() -> None:
+    """``torch._dynamo`` (what torch.compile runs on) takes over a second to import, paid in every chapter's
+    kernel and every torchrun worker. Only ``_eager``, which the library imports while torch.compile traces,
+    loads it: every other module, core or notebook layer, imports without it."""
+    names = sorted(
+        ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        for p in PACKAGE_DIR.rglob("*.py")
+        if p.stem != "_eager"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", _PROBE, json.dumps(["torch._dynamo"]), *names],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report.pop("<startup>") == [] and list(report) == names and len(names) > 30
+    assert not {name: loaded for name, loaded in report.items() if loaded}
+    proc = subprocess.run(
+        [sys.executable, "-c", _PROBE, json.dumps(["torch._dynamo"]), f"{PACKAGE}._eager"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    loaded = json.loads(proc.stdout.strip().splitlines()[-1])[f"{PACKAGE}._eager"]
+    assert loaded == ["torch._dynamo"]  # the probe sees it where it is loaded
+
+
 # ---------------------------------------------------------------- (c) the import graph
 
 

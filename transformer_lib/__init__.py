@@ -27,6 +27,7 @@ Two layers. The core is tensors in, tensors out, one module per idea:
 - ``interop``: weights from PyTorch's own Transformer modules (chapters 2, 3, 6)
 - ``utils``: device, seeds, parameter counts, timing, eval mode
 - ``_validate``: the input checks every entry point runs once
+- ``_eager``: the checks that read values, marked to run eagerly under torch.compile (imported only then)
 
 The notebook layer, ``transformer_lib.notebook``, holds what only the chapters need (exercise
 checkers, widgets, attention views, plots, the speed race, the classroom grader); the core never

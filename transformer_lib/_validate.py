@@ -80,8 +80,22 @@ def _reads_are_free(t: Tensor) -> bool:
     return t.device.type in _HOST_DEVICES
 
 
-@torch.compiler.disable  # reads values: under torch.compile it runs eagerly, between the compiled graphs
 def _validate_token_range(name: str, idx: Tensor, vocab_size: int) -> None:
+    """:func:`_validate_token_values`; under torch.compile, run eagerly between the compiled graphs (it reads values).
+
+    The function marked to run so (``torch.compiler.disable``) lives in :mod:`._eager`, imported only
+    while torch.compile traces, when ``torch._dynamo`` is loaded already: importing it takes over a
+    second, which a process that never compiles need not pay.
+    """
+    if torch.compiler.is_compiling():
+        from ._eager import validate_token_values_eagerly
+
+        validate_token_values_eagerly(name, idx, vocab_size)
+    else:
+        _validate_token_values(name, idx, vocab_size)
+
+
+def _validate_token_values(name: str, idx: Tensor, vocab_size: int) -> None:
     """0 <= every id < vocab_size, checked without a host sync on a GPU.
 
     On the CPU it reads the smallest and the largest id and raises a ValueError naming the bad one.
