@@ -162,15 +162,7 @@ def test_importing_the_core_loads_no_notebook_dependency() -> None:
     ``sys.modules`` only grows, so the first module after which a heavy one appears is the one that imported it.
     """
     modules = [PACKAGE] + [_core_name(p) for p in CORE_FILES if p.name != "__init__.py"]
-    proc = subprocess.run(
-        [sys.executable, "-c", _PROBE, json.dumps(HEAVY), *modules],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    report = _probe(HEAVY, modules)
     assert report.pop("<startup>") == [], "the interpreter starts with a heavy module loaded: the test proves nothing"
     assert list(report) == modules
     offenders = {name: loaded for name, loaded in report.items() if loaded}
@@ -181,33 +173,31 @@ def test_importing_the_core_loads_no_notebook_dependency() -> None:
 
 def test_importing_the_library_leaves_torch_compile_unloaded() -> None:
     """``torch._dynamo`` (what torch.compile runs on) takes over a second to import, paid in every chapter's
-    kernel and every torchrun worker. Only ``_eager``, which the library imports while torch.compile traces,
-    loads it: every other module, core or notebook layer, imports without it."""
+    kernel and every process that imports the library. Only ``_eager``, which the library imports while
+    torch.compile traces, loads it: every other module, core or notebook layer, imports without it."""
     names = sorted(
         ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
         for p in PACKAGE_DIR.rglob("*.py")
         if p.stem != "_eager"
     )
+    report = _probe(["torch._dynamo"], names)
+    assert report.pop("<startup>") == [] and list(report) == names and len(names) > 30
+    assert not {name: loaded for name, loaded in report.items() if loaded}
+    eager = f"{PACKAGE}._eager"
+    assert _probe(["torch._dynamo"], [eager])[eager] == ["torch._dynamo"]  # the probe sees it where it is loaded
+
+
+def _probe(heavy: list[str], modules: list[str]) -> dict[str, list[str]]:
+    """:data:`_PROBE`'s report: in a fresh interpreter, which of ``heavy`` each of ``modules`` loads, in turn."""
     proc = subprocess.run(
-        [sys.executable, "-c", _PROBE, json.dumps(["torch._dynamo"]), *names],
+        [sys.executable, "-c", _PROBE, json.dumps(heavy), *modules],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert report.pop("<startup>") == [] and list(report) == names and len(names) > 30
-    assert not {name: loaded for name, loaded in report.items() if loaded}
-    proc = subprocess.run(
-        [sys.executable, "-c", _PROBE, json.dumps(["torch._dynamo"]), f"{PACKAGE}._eager"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    loaded = json.loads(proc.stdout.strip().splitlines()[-1])[f"{PACKAGE}._eager"]
-    assert loaded == ["torch._dynamo"]  # the probe sees it where it is loaded
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 # ---------------------------------------------------------------- (c) the import graph
