@@ -14,13 +14,16 @@ MFU is the rate they are done at over the GPU's *published* dense bf16 peak (a t
 device name, or ``--peak-tflops``); the rate this GPU reaches on one large bf16 product is printed
 beside it. fp32 products run as TF32 (``torch.set_float32_matmul_precision("high")``, as nanoGPT's
 ``train.py`` sets): the library keeps its output head in fp32 under autocast. ``--bf16-head`` adds
-a row for the library with the head under autocast like the rest, to show what that choice costs.
-The last line reads
+a row for the library with the head under autocast like the rest, to show what that choice costs;
+``--fp32-out-head`` (CUDA) one with the head's products in bf16 and its logits in fp32
+(``torch.mm``'s ``out_dtype``), which keeps the logits' precision. ``--profile`` prints each
+engine's longest GPU kernels (the CPU's operators on a CPU), per step. The last line reads
 
     mfu ours=<share> reference=<share>          (none where the peak is unknown)
 
     python benchmarks/mfu.py                    # on a GPU: about a minute (H100), mostly compilation
     python benchmarks/mfu.py --bf16-head        # and the diagnostic row (75 s on an H100 in all)
+    python benchmarks/mfu.py --bf16-head --fp32-out-head --profile   # every diagnostic
     python benchmarks/mfu.py --device cpu --n-layer 2 --n-head 2 --d-model 64 --block-size 32 --vocab-size 128 \\
         --batch-size 2 --iters 8 --warmup-steps 3 --eager --peak-tflops 1   # the script's own check
 """
@@ -37,7 +40,14 @@ from torch import Tensor
 
 from recipe import char_data, recipe_config, recipe_gpt, recipe_parser  # benchmarks/recipe.py, beside this script
 from transformer_lib import count_parameters, get_device, set_seed
-from transformer_lib.notebook.benchmark import ReferenceGPT, matmul_flops_per_second, train_side_by_side
+from transformer_lib.notebook.benchmark import (
+    ReferenceGPT,
+    matmul_flops_per_second,
+    op_times,
+    reference_train_step,
+    train_side_by_side,
+)
+from transformer_lib.precision import output_in_fp32
 from transformer_lib.text import random_blocks
 from transformer_lib.training import Trainer
 
@@ -81,6 +91,36 @@ def median_step(step: Callable[[], object], device: torch.device, steps: int, wa
     return statistics.median(times)
 
 
+class _Fp32OutProduct(torch.autograd.Function):
+    """``a @ b`` of bf16 operands with fp32 output (a CUDA kernel); the backward's products in bf16."""
+
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, a: Tensor, b: Tensor) -> Tensor:
+        ctx.save_for_backward(a, b)
+        return torch.mm(a, b, out_dtype=torch.float32)
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad: Tensor) -> tuple[Tensor, Tensor]:
+        a, b = ctx.saved_tensors  # type: ignore[attr-defined]
+        grad = grad.to(a.dtype)
+        return grad @ b.T, a.T @ grad
+
+
+def head_fp32_out(head: torch.nn.Linear, h: Tensor) -> Tensor:
+    """The output head with bf16 products and fp32 logits, under CUDA autocast; elsewhere the library's own.
+
+    Shapes: h (..., d_model) -> logits (..., vocab_size).
+    """
+    if not (h.is_cuda and torch.is_autocast_enabled("cuda")):
+        return output_in_fp32(head, h)
+    with torch.autocast("cuda", enabled=False):
+        a = h.reshape(-1, h.shape[-1]).to(torch.bfloat16)  # (B*T, d_model)
+        logits = _Fp32OutProduct.apply(a, head.weight.to(torch.bfloat16).T)  # (B*T, vocab_size), fp32
+        if head.bias is not None:
+            logits = logits + head.bias
+    return logits.view(*h.shape[:-1], logits.shape[-1])
+
+
 def main() -> None:
     p = recipe_parser(__doc__.splitlines()[0])
     p.set_defaults(n_layer=12, n_head=12, d_model=768, block_size=1024, batch_size=12, iters=40, warmup=10)
@@ -89,6 +129,8 @@ def main() -> None:
     p.add_argument("--eager", action="store_true", help="neither model compiled")
     p.add_argument("--peak-tflops", type=float, default=None, help="the device's bf16 peak, if the table lacks it")
     p.add_argument("--bf16-head", action="store_true", help="also time the library with its head under autocast")
+    p.add_argument("--fp32-out-head", action="store_true", help="also time it with bf16 head products, fp32 logits")
+    p.add_argument("--profile", action="store_true", help="print each engine's longest kernels per step")
     args = p.parse_args()
     device = get_device(args.device)
     torch.set_float32_matmul_precision("high")  # TF32 for fp32 products on a GPU, as nanoGPT trains
@@ -136,21 +178,31 @@ def main() -> None:
         ("reference", result.reference_step, result.reference_val_loss),
         ("ours", result.ours_step, result.ours_val_loss),
     ]
-    if args.bf16_head:
+    variants = {"ours, bf16 head": lambda head, h: head(h)} if args.bf16_head else {}
+    if args.fp32_out_head:
+        if device.type == "cuda" and trainer.amp_dtype == torch.bfloat16:
+            variants["ours, fp32-out head"] = head_fp32_out
+        else:
+            print("--fp32-out-head: needs bf16 autocast on CUDA; no row")
+    for who, head in variants.items():
         set_seed(args.seed)
         model = recipe_gpt(args, args.vocab_size)
-        with mock.patch("transformer_lib.models.output_in_fp32", lambda head, h: head(h)):
+        with mock.patch("transformer_lib.models.output_in_fp32", head):
             variant = Trainer(model, recipe_config(args, compile=compile_), unused, device=device)
-            step = median_step(
-                lambda: variant.train_step(batch()), device, args.iters - args.warmup_steps, args.warmup_steps
-            )
-        rows.append(("ours, bf16 head", step, float("nan")))
+            try:
+                step = median_step(
+                    lambda v=variant: v.train_step(batch()), device, args.iters - args.warmup_steps, args.warmup_steps
+                )
+            except (RuntimeError, NotImplementedError) as e:  # a diagnostic row: say why, keep the others
+                print(f"{who}: failed: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
+                continue
+        rows.append((who, step, float("nan")))
     mfu = {}
     for who, seconds, loss in rows:
         rate = flops / seconds
         mfu[who] = rate / peak if peak else None
         print(
-            f"{who:>15}: {seconds * 1000:.1f} ms/step, {result.tokens_per_step / seconds:,.0f} tokens/s, "
+            f"{who:>19}: {seconds * 1000:.1f} ms/step, {result.tokens_per_step / seconds:,.0f} tokens/s, "
             f"{rate / 1e12:.4g} TFLOP/s, MFU {f'{mfu[who]:.1%}' if peak else 'none'}"
             + (f", val_loss {loss:.4f}" if loss == loss else "")
         )
@@ -165,6 +217,15 @@ def main() -> None:
             f"one 8192^3 bf16 product on this GPU: {measured / 1e12:.0f} TFLOP/s"
             + (f" ({measured / peak:.0%} of the published peak)" if peak else "")
         )
+    if args.profile:
+        reference_step = reference_train_step(reference, trainer, compile_reference=compile_)
+        engines = {"ours": lambda: trainer.train_step(batch()), "reference": lambda: reference_step(*batch(), 0)}
+        where = "GPU kernels" if device.type == "cuda" else "operators"
+        for who, fn in engines.items():
+            times = op_times(fn, device, repeats=5)
+            print(f"\n{who}: {sum(t for _, t in times) * 1000:.2f} ms per step in {where}; the 15 longest (ms):")
+            for name, seconds in times[:15]:
+                print(f"  {seconds * 1000:8.3f}  {name[:100]}")
     print(
         "\nmfu "
         + " ".join(f"{who}={'none' if mfu[who] is None else f'{mfu[who]:.3f}'}" for who in ("ours", "reference"))

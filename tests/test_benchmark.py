@@ -4,6 +4,7 @@ import math
 import re
 import subprocess
 import sys
+import timeit
 from functools import partial
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from transformer_lib.notebook.benchmark import (
     matmul_flops_per_second,
     mean_loss,
     op_time_shares,
+    op_times,
     products_as_called,
     reference_optimizer,
     step_part,
@@ -128,6 +130,18 @@ def test_op_time_shares_finds_the_matmul_and_prints_nothing(capfd):
     assert any(name == "aten::relu" or name == "aten::clamp_min" for name, _ in shares)
     out, err = capfd.readouterr()
     assert out == "" and err == ""  # the profiler's own start/stop lines are silenced
+
+
+def test_op_times_are_seconds_per_call_of_each_operator():
+    """Five calls profiled, each operator's time divided by five: the product's time is one product's."""
+    a = torch.randn(384, 384)
+    times = op_times(lambda: a @ a, "cpu", repeats=5)
+    (name, seconds), *_ = times
+    assert name == "aten::mm"
+    one = min(timeit.repeat(lambda: a @ a, number=1, repeat=20))
+    assert one / 3 < seconds < one * 10, (seconds, one)  # a rate, per call: not the five calls' total
+    with pytest.raises(ValueError, match="no PyTorch operators"):
+        op_times(lambda: None, "cpu")
 
 
 def test_op_time_shares_drops_the_profilers_cycle_note_and_keeps_other_warnings(monkeypatch):
@@ -614,9 +628,20 @@ def test_mfu_script_prints_each_engines_rate_over_the_peak(tmp_path):
     lines = script_lines(
         "mfu.py",
         *("--n-head", "2", "--vocab-size", "64", "--iters", "8", "--warmup-steps", "3"),
-        *("--eager", "--peak-tflops", "0.001", "--bf16-head"),
+        *("--eager", "--peak-tflops", "0.001", "--bf16-head", "--fp32-out-head", "--profile"),
         tmp_path=tmp_path,
     )
+    assert "--fp32-out-head: needs bf16 autocast on CUDA; no row" in lines  # a CUDA-only row, said so
+    for who in ("ours", "reference"):  # --profile: each engine's operators, longest first, in ms per step
+        i = next(
+            i for i, line in enumerate(lines) if re.fullmatch(rf"{who}: [\d.]+ ms per step in operators; .*", line)
+        )
+        top = [float(line.split()[0]) for line in lines[i + 1 : i + 16]]
+        assert (
+            len(top) == 15
+            and top == sorted(top, reverse=True)
+            and any("aten::mm" in line for line in lines[i + 1 : i + 6])
+        ), lines
     rows = [m.groups() for line in lines if (m := re.search(r"([\d.e+-]+) TFLOP/s, MFU (\d+\.\d)%", line))]
     assert len(rows) == 3, lines  # reference, library, library with its head under autocast
     for rate, mfu in rows:

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from transformer_lib import GPT, GPTConfig
-from transformer_lib.notebook.benchmark import ReferenceGPT
+from transformer_lib.notebook.benchmark import ReferenceGPT, op_times
 from transformer_lib.precision import fused_attention
 from transformer_lib.text import random_blocks
 from transformer_lib.training import TrainConfig, Trainer, fit_together
@@ -112,3 +112,12 @@ def test_the_benchmarks_timed_functions_wait_for_the_gpu():
     for part in gpt_step_parts(tiny_gpt().cuda(), 8, 32, torch.bfloat16, "cuda").values():
         part()
         assert torch.cuda.current_stream().query()
+
+
+def test_op_times_on_cuda_are_the_kernels_own_time():
+    """The GPU kernels' rows alone: an operator's row (aten::mm) would count its kernels' time twice."""
+    a = torch.randn(2048, 2048, device="cuda")
+    times = op_times(lambda: a @ a, "cuda", repeats=5)
+    assert times and not any(name.startswith("aten::") for name, _ in times), times
+    total = sum(seconds for _, seconds in times)
+    assert 2 * 2048**3 / total < 1e15, times  # one fp32 product per call is not faster than a petaflop

@@ -183,35 +183,19 @@ def mean_loss(model: nn.Module, batches: Sequence[tuple[Tensor, Tensor]]) -> flo
     return loss
 
 
-def train_side_by_side(
-    trainer: Trainer,
-    reference: nn.Module,
-    batches: Callable[[], tuple[Tensor, Tensor]],
-    val_batches: Sequence[tuple[Tensor, Tensor]],
-    steps: int | None = None,
-    warmup: int = 5,
-    compile_reference: bool = False,
-    alongside: Callable[[], object] | None = None,
-) -> SideBySide:
-    """Train ``trainer``'s model and ``reference`` with one recipe, alternating step by step.
+def reference_train_step(
+    reference: nn.Module, trainer: Trainer, compile_reference: bool = False
+) -> Callable[[Tensor, Tensor, int], None]:
+    """nanoGPT's training step for ``reference`` in ``trainer``'s recipe: ``step(x, y, i)`` trains on one batch.
 
-    Both take the trainer's learning-rate schedule, weight decay, betas and clipping, and
-    the same batch at every step (``batches()`` draws it, on the trainer's device). The
-    reference runs nanoGPT's loop in the trainer's precision (under autocast where the trainer
-    autocasts, in fp32 where it does not), with the per-tensor AdamW on the CPU and a fused one
-    on CUDA, the loss read back every step; ``compile_reference=True`` trains
-    it through ``torch.compile``, as nanoGPT's ``--compile=True`` does. Which model steps first
-    alternates, and the first ``warmup`` steps (with any compilation) are left out of the
-    medians. At the end both are evaluated on the same ``val_batches``. ``alongside()``, if given,
-    is timed in the same rotation at every step, under the same load (e.g. the step's products
-    alone, :func:`step_products`): its median is ``alongside_step``.
+    The trainer's learning-rate schedule (``i`` is the step number), weight decay, betas and
+    clipping, in the trainer's precision (under autocast where the trainer autocasts, in fp32
+    where it does not), with the per-tensor AdamW on the CPU and a fused one on CUDA, and the
+    loss read back every step, as nanoGPT's loop does; ``compile_reference=True`` runs the model
+    through ``torch.compile``, as nanoGPT's ``--compile=True`` does. Each call of this function
+    makes a new optimizer: its state starts empty.
     """
     cfg, device = trainer.config, trainer.device
-    steps = cfg.max_steps - trainer.step if steps is None else steps
-    if steps <= warmup:
-        raise ValueError(f"steps must exceed warmup={warmup} to time anything, got {steps}")
-    reference.to(device).train()
-    trainer.model.train()
     optimizer = reference_optimizer(reference, cfg.lr, cfg.weight_decay, cfg.betas)
     amp = trainer.amp_dtype  # the trainer's precision, so that a row compares engines, not precisions
     ctx = torch.autocast(device.type, dtype=amp) if amp is not None else nullcontext()
@@ -231,6 +215,38 @@ def train_side_by_side(
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
         loss.item()
+
+    return reference_step
+
+
+def train_side_by_side(
+    trainer: Trainer,
+    reference: nn.Module,
+    batches: Callable[[], tuple[Tensor, Tensor]],
+    val_batches: Sequence[tuple[Tensor, Tensor]],
+    steps: int | None = None,
+    warmup: int = 5,
+    compile_reference: bool = False,
+    alongside: Callable[[], object] | None = None,
+) -> SideBySide:
+    """Train ``trainer``'s model and ``reference`` with one recipe, alternating step by step.
+
+    Both take the trainer's learning-rate schedule, weight decay, betas and clipping, and
+    the same batch at every step (``batches()`` draws it, on the trainer's device). The
+    reference runs nanoGPT's loop (:func:`reference_train_step`) in the trainer's precision;
+    ``compile_reference=True`` trains it through ``torch.compile``. Which model steps first
+    alternates, and the first ``warmup`` steps (with any compilation) are left out of the
+    medians. At the end both are evaluated on the same ``val_batches``. ``alongside()``, if given,
+    is timed in the same rotation at every step, under the same load (e.g. the step's products
+    alone, :func:`step_products`): its median is ``alongside_step``.
+    """
+    cfg, device = trainer.config, trainer.device
+    steps = cfg.max_steps - trainer.step if steps is None else steps
+    if steps <= warmup:
+        raise ValueError(f"steps must exceed warmup={warmup} to time anything, got {steps}")
+    reference.to(device).train()
+    trainer.model.train()
+    reference_step = reference_train_step(reference, trainer, compile_reference)
 
     def timed(fn: Callable[[], object]) -> float:
         if device.type == "cuda":
@@ -383,23 +399,46 @@ def _profiler_silenced() -> Iterator[None]:
         os.close(saved)
 
 
-def op_time_shares(fn: Callable[[], object], repeats: int = 5) -> list[tuple[str, float]]:
-    """Each PyTorch operator's share of the CPU time of ``fn()``, largest first.
+def op_times(fn: Callable[[], object], device: torch.device | str = "cpu", repeats: int = 5) -> list[tuple[str, float]]:
+    """Seconds per call of ``fn()`` in each PyTorch operator, or on CUDA in each GPU kernel, longest first.
 
-    ``fn`` runs once to warm up, then ``repeats`` times under ``torch.profiler``. Shares are
-    of self time (an operator's own time, without the operators it calls), so they add up to 1.
+    ``fn`` runs once to warm up, then ``repeats`` times under ``torch.profiler``. On the CPU the
+    time is each operator's self time (its own, without the operators it calls); on CUDA it is
+    each kernel's time on the GPU (matrix products, fused Triton kernels, copies), the CPU's
+    own work left out.
     """
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    fn()
-    with _profiler_silenced(), profile(activities=[ProfilerActivity.CPU]) as prof:
+    device = torch.device(device)
+    cuda = device.type == "cuda"
+    run = synced(fn, device)
+    run()
+    with (
+        _profiler_silenced(),
+        profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]) as prof,
+    ):
         for _ in range(repeats):
-            fn()
-    events = prof.key_averages()
-    total = sum(e.self_cpu_time_total for e in events)
-    if total == 0:
-        raise ValueError("fn ran no PyTorch operators to time")
-    return sorted(((e.key, e.self_cpu_time_total / total) for e in events), key=lambda kv: -kv[1])
+            run()
+    if cuda:  # the kernels' own rows: an operator's row repeats the time of the kernels it launched
+        events = [e for e in prof.key_averages() if e.device_type == DeviceType.CUDA]
+        rows = [(e.key, e.self_device_time_total / 1e6 / repeats) for e in events]  # microseconds to seconds
+    else:
+        rows = [(e.key, e.self_cpu_time_total / 1e6 / repeats) for e in prof.key_averages()]
+    rows = [(name, seconds) for name, seconds in rows if seconds > 0]
+    if not rows:
+        raise ValueError(f"fn ran no PyTorch {'kernels' if cuda else 'operators'} to time")
+    return sorted(rows, key=lambda kv: -kv[1])
+
+
+def op_time_shares(fn: Callable[[], object], repeats: int = 5) -> list[tuple[str, float]]:
+    """Each PyTorch operator's share of the CPU time of ``fn()``, largest first (:func:`op_times`' shares).
+
+    Shares are of self time (an operator's own time, without the operators it calls), so they add up to 1.
+    """
+    times = op_times(fn, "cpu", repeats)
+    total = sum(seconds for _, seconds in times)
+    return [(name, seconds / total) for name, seconds in times]
 
 
 def step_products(
