@@ -29,6 +29,9 @@ rounds each, so that the machine's slow moments (on a shared VM, steps of one ru
     python benchmarks/compare_gpt.py                 # 2000 steps per precision, about 5 minutes on 2 cores
     python benchmarks/compare_gpt.py --iters 300     # speed only, roughly
     python benchmarks/compare_gpt.py --compile       # both compiled (nanoGPT's --compile=True)
+
+On a GPU (``--device cuda``) it races and prints the shares the same way; the operator profile
+and the parts alone are the CPU's, and ``mfu.py --profile`` shows a GPU step's kernels instead.
 """
 
 from __future__ import annotations
@@ -69,9 +72,11 @@ def race(args: argparse.Namespace, device: torch.device, low: torch.dtype | None
     tok, train, val = char_data(args)
     set_seed(args.seed)
     ours = recipe_gpt(args, tok.vocab_size)
-    reference = ReferenceGPT(
-        tok.vocab_size, args.block_size, args.n_layer, args.n_head, args.d_model, bias=False
-    ).copy_from(ours)
+    reference = (
+        ReferenceGPT(tok.vocab_size, args.block_size, args.n_layer, args.n_head, args.d_model, bias=False)
+        .copy_from(ours)
+        .to(device)  # before its FLOPs are counted on a batch on the device
+    )
     trainer = Trainer(
         ours,
         recipe_config(args, amp=low is not None, compile=args.compile),
@@ -129,7 +134,10 @@ def race(args: argparse.Namespace, device: torch.device, low: torch.dtype | None
     print(f"library over reference: {result.speedup:.2f}x")
     B, T = x.shape  # attention's own products, uncounted above: q k^T and weights @ v forward, 4 more backward
     attention_flops = 3 * 2 * (2 * B * T * T * args.d_model) * args.n_layer
-    where_the_time_goes(trainer, x, y, result.ours_step, bound, attention_flops / fp32_rate, low, products)
+    if device.type == "cpu":
+        where_the_time_goes(trainer, x, y, result.ours_step, bound, attention_flops / fp32_rate, low, products)
+    else:  # the operator profile and the parts alone are the CPU's; a GPU's step is its kernels
+        print("where the step goes on a GPU: benchmarks/mfu.py --profile lists each engine's kernels")
     return bound / result.ours_step
 
 

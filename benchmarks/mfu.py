@@ -77,14 +77,23 @@ def step_flops(n_params: int, n_layers: int, d_model: int, block_size: int, toke
     return (6 * n_params + 12 * n_layers * d_model * block_size) * tokens
 
 
-def median_step(step: Callable[[], object], device: torch.device, steps: int, warmup: int) -> float:
-    """Median seconds of ``step()`` over ``steps`` calls after ``warmup`` untimed ones, the device drained each time."""
+def median_step(
+    step: Callable[[tuple[Tensor, Tensor]], object],
+    batches: Callable[[], tuple[Tensor, Tensor]],
+    device: torch.device,
+    steps: int,
+    warmup: int,
+) -> float:
+    """Median seconds of ``step(batch)`` over ``steps`` calls after ``warmup`` untimed ones, each on a new
+    ``batches()`` drawn before its timing starts (as :func:`train_side_by_side` draws them), the device
+    drained each time."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     times = []
     for i in range(warmup + steps):
+        batch = batches()
         sync()
         t0 = time.perf_counter()
-        step()
+        step(batch)
         sync()
         if i >= warmup:
             times.append(time.perf_counter() - t0)
@@ -190,9 +199,7 @@ def main() -> None:
         with mock.patch("transformer_lib.models.output_in_fp32", head):
             variant = Trainer(model, recipe_config(args, compile=compile_), unused, device=device)
             try:
-                step = median_step(
-                    lambda v=variant: v.train_step(batch()), device, args.iters - args.warmup_steps, args.warmup_steps
-                )
+                step = median_step(variant.train_step, batch, device, args.iters - args.warmup_steps, args.warmup_steps)
             except (RuntimeError, NotImplementedError) as e:  # a diagnostic row: say why, keep the others
                 print(f"{who}: failed: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
                 continue

@@ -173,7 +173,8 @@ def run_script(name: str, *args: str, tmp_path) -> str:
     return script_lines(name, *args, tmp_path=tmp_path)[-1]
 
 
-def script_lines(name: str, *args: str, tmp_path) -> list[str]:
+def script_lines(name: str, *args: str, tmp_path, device: str = "cpu") -> list[str]:
+    """The lines a benchmark script prints, run on a small GPT over a short text on ``device``."""
     text = tmp_path / "text.txt"
     text.write_text(SCRIPT_TEXT, encoding="utf-8")
     root = Path(__file__).resolve().parents[1]
@@ -184,7 +185,7 @@ def script_lines(name: str, *args: str, tmp_path) -> list[str]:
             "--text",
             str(text),
             "--device",
-            "cpu",
+            device,
             "--n-layer",
             "1",
             "--d-model",

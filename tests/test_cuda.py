@@ -9,6 +9,8 @@ the uncached tokens, the library's GPT equals nanoGPT's on the same weights, and
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -121,3 +123,16 @@ def test_op_times_on_cuda_are_the_kernels_own_time():
     assert times and not any(name.startswith("aten::") for name, _ in times), times
     total = sum(seconds for _, seconds in times)
     assert 2 * 2048**3 / total < 1e15, times  # one fp32 product per call is not faster than a petaflop
+
+
+def test_compare_gpt_races_on_the_gpu(tmp_path):
+    """The CPU's benchmark runs on CUDA too: both races' losses agree, and the last line gives the shares."""
+    from test_benchmark import script_lines  # tests/, on the path as pytest runs this file
+
+    lines = script_lines("compare_gpt.py", "--iters", "12", tmp_path=tmp_path, device="cuda")
+    assert re.fullmatch(r"share_of_bound fp32=\d\.\d\d bf16=(\d\.\d\d|none)", lines[-1]), lines[-1]
+    losses = [float(m[1]) for line in lines if (m := re.search(r"val_loss (\d+\.\d+)", line))]
+    assert len(losses) in (2, 4)
+    for reference, ours in zip(losses[::2], losses[1::2], strict=True):
+        assert abs(reference - ours) < 0.05
+    assert any("mfu.py --profile" in line for line in lines)  # the CPU's profile is not printed for a GPU
