@@ -18,7 +18,9 @@ Usage: python scripts/execute_chapters.py [NUMBER ...] [options]   (default: eve
                   set_seed(0), manual_seed(1), seed=0, seed = 2, SEED = 0, SEEDS = (0, 1, 2)
                   (and lower-case ``seeds = (0, 1)``); prints how many it replaced per chapter
   --out DIR       write the executed notebooks and times.json ({chapter: {seconds, ok, error,
-                  errors, ...}}) there (a bare `assert` is reported by its failing line)
+                  errors, slowest_cells: [[cell index, seconds], ...], ...}}) there (a bare
+                  `assert` is reported by its failing line); a chapter stopped part-way is
+                  written too, with the cells it ran (their outputs and times)
   --allow-errors  run past a failing cell and record every failing cell, not only the first
 
 Exit status 1 when any chapter failed. `make busy-check`, `make fp32-check` and
@@ -37,6 +39,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 from transformer_lib.precision import PRECISION_ENV, PRECISIONS, precision_override
@@ -166,6 +169,7 @@ class ChapterRun:
     seconds: float = 0.0
     errors: list[tuple[int, str]] = field(default_factory=list)  # (cell index, first line of the error)
     replacements: int | None = None  # seed literals changed (--reseed)
+    cell_seconds: dict[int, float] = field(default_factory=dict)  # code cell index -> seconds it ran
 
     @property
     def ok(self) -> bool:
@@ -211,6 +215,17 @@ def cell_errors(nb) -> list[tuple[int, str]]:
     return found
 
 
+def cell_seconds(nb) -> dict[int, float]:
+    """Seconds each executed code cell ran, by index, from the timestamps nbclient records in its metadata."""
+    found = {}
+    for index, cell in enumerate(nb.cells):
+        execution = cell.get("metadata", {}).get("execution", {})
+        start, end = execution.get("iopub.execute_input"), execution.get("shell.execute_reply")
+        if start and end:
+            found[index] = round((datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds(), 2)
+    return found
+
+
 def execute(nb, name: str, env: dict[str, str], *, allow_errors: bool = False, cwd: Path = CHAPTERS) -> ChapterRun:
     """Execute ``nb`` (in place) in a fresh python3 kernel, as the book build does."""
     from nbclient import NotebookClient
@@ -247,6 +262,7 @@ def execute(nb, name: str, env: dict[str, str], *, allow_errors: bool = False, c
             raise KeyboardInterrupt
     run.seconds = time.perf_counter() - start
     run.errors = cell_errors(nb)
+    run.cell_seconds = cell_seconds(nb)
     if failure is not None:
         run.errors.append((current["index"], failure))
     return run
@@ -274,13 +290,15 @@ def run_chapters(
         replacements = reseed_notebook(nb, reseed) if reseed is not None else None
         if echo and replacements is not None:
             print(f"{path.stem}: {replacements} seed literals + {reseed}", flush=True)
-        run = execute(nb, path.stem, env, allow_errors=allow_errors, cwd=cwd)
+        try:
+            run = execute(nb, path.stem, env, allow_errors=allow_errors, cwd=cwd)
+        finally:  # a chapter stopped part-way (Ctrl-C, `timeout`) too: its cells run so far, with their times
+            if out is not None:
+                nbformat.write(nb, out / path.name)
         run.replacements = replacements
         runs.append(run)
         if echo:
             print(run.line(), flush=True)
-        if out is not None:
-            nbformat.write(nb, out / path.name)
     if out is not None:
         times = {
             r.name: {
@@ -291,6 +309,7 @@ def run_chapters(
                 "precision": env.get(PRECISION_ENV, "auto"),
                 "reseed": reseed,
                 "seed_replacements": r.replacements,
+                "slowest_cells": sorted(r.cell_seconds.items(), key=lambda kv: -kv[1])[:8],  # [index, seconds]
             }
             for r in runs
         }

@@ -115,6 +115,9 @@ def test_a_notebook_runs_in_a_fresh_kernel_with_the_precision_and_seeds_given(tm
     times = json.loads((out / "times.json").read_text())
     assert times["01_tiny"]["ok"] is False and times["01_tiny"]["error"] == "cell 2: ValueError: boom"
     assert times["01_tiny"]["precision"] == "fp32" and times["01_tiny"]["seed_replacements"] == 1
+    slowest = times["01_tiny"]["slowest_cells"]  # [cell index, seconds], longest first: where the time went
+    assert sorted(i for i, _ in slowest) == [i for i, c in enumerate(executed.cells) if c.cell_type == "code"]
+    assert [t for _, t in slowest] == sorted((t for _, t in slowest), reverse=True) and all(t >= 0 for _, t in slowest)
 
 
 def test_without_allow_errors_a_notebook_stops_at_its_first_error(tmp_path):
@@ -125,3 +128,18 @@ def test_without_allow_errors_a_notebook_stops_at_its_first_error(tmp_path):
     assert _text(nb.cells[1]).startswith("bf16 1 3\n")
     assert not nb.cells[3].get("outputs") and not nb.cells[4].get("outputs"), "the cells after the error did not run"
     assert "FAILED: cell 2: ValueError: boom" in run.line()
+
+
+def test_a_chapter_stopped_part_way_is_written_with_the_cells_it_ran(tmp_path, monkeypatch):
+    """Ctrl-C or `timeout` during a chapter: the notebook is still written, with the outputs run so far."""
+    path = _tiny_chapter(tmp_path / "chapters")
+
+    def stopped(nb, name, env, **kwargs):
+        nb.cells[1].outputs = [nbformat.v4.new_output("stream", text="ran\n")]
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ec, "execute", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        ec.run_chapters([path], out=tmp_path / "out", cwd=path.parent, echo=False)
+    written = nbformat.read(tmp_path / "out" / path.name, as_version=4)
+    assert _text(written.cells[1]) == "ran\n"
