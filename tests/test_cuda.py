@@ -136,3 +136,30 @@ def test_compare_gpt_races_on_the_gpu(tmp_path):
     for reference, ours in zip(losses[::2], losses[1::2], strict=True):
         assert abs(reference - ours) < 0.05
     assert any("mfu.py --profile" in line for line in lines)  # the CPU's profile is not printed for a GPU
+
+
+def test_beam_search_on_the_gpu_finds_what_the_cpu_finds():
+    """The same weights decode the same outputs on CUDA as on the CPU (chapter 6's beams), up to the ties that
+    the two devices' rounding may break differently: every output is as likely under the model as the CPU's."""
+    from transformer_lib import Seq2SeqTransformer
+    from transformer_lib.decoding import beam_search
+
+    torch.manual_seed(0)
+    model = Seq2SeqTransformer(
+        11, 11, d_model=32, n_heads=4, n_encoder_layers=1, n_decoder_layers=1, d_ff=64, dropout=0.0, max_len=32
+    ).eval()
+    src = torch.randint(3, 11, (16, 6), generator=torch.Generator().manual_seed(0))
+    on_cpu = beam_search(model, src, 10, bos_id=1, eos_id=2, beam_size=4)
+    on_gpu = beam_search(model.cuda(), src.cuda(), 10, bos_id=1, eos_id=2, beam_size=4).cpu()
+    model.cpu()
+
+    @torch.no_grad()
+    def logp(out: torch.Tensor) -> torch.Tensor:  # (B,): log p(output | source), up to and including <eos>
+        token_logp = model(src, out[:, :-1]).log_softmax(-1).gather(-1, out[:, 1:, None])[..., 0]  # (B, L - 1)
+        is_eos = (out[:, 1:] == 2).long()
+        return (token_logp * (is_eos.cumsum(1) - is_eos == 0)).sum(1)
+
+    width = max(on_gpu.shape[1], on_cpu.shape[1])  # pad both to one width (pad id 0)
+    on_gpu, on_cpu = (torch.nn.functional.pad(out, (0, width - out.shape[1])) for out in (on_gpu, on_cpu))
+    assert on_gpu.eq(on_cpu).all(1).sum() >= 12, (on_gpu, on_cpu)  # the same outputs but for a tie or so
+    torch.testing.assert_close(logp(on_gpu), logp(on_cpu), atol=1e-3, rtol=0)

@@ -70,6 +70,49 @@ def test_greedy_with_cache_equals_without():
     )
 
 
+@torch.no_grad()
+def beam_by_hand(model, src, max_len: int, eos: int, k: int, alpha: float) -> list[int]:
+    """Chapter 6's beam search for one source (1, S), without a cache: the reference the library must equal."""
+    memory, beams, best = model.encode(src), [([BOS], 0.0)], None  # live beams: (ids, total log-probability)
+    for t in range(1, max_len + 1):
+        ys = torch.tensor([seq for seq, _ in beams])  # (n_beams, t)
+        logp = model.decode(ys, memory.expand(len(beams), -1, -1), src.expand(len(beams), -1))[:, -1].log_softmax(-1)
+        total = torch.tensor([score for _, score in beams])[:, None] + logp  # (n_beams, V)
+        top, flat = total.flatten().topk(2 * k)
+        V, live = logp.shape[-1], []
+        for score, f in zip(top.tolist(), flat.tolist(), strict=True):
+            seq = [*beams[f // V][0], f % V]
+            if f % V == eos:
+                if best is None or score / t**alpha > best[0]:
+                    best = (score / t**alpha, seq)
+                continue
+            live.append((seq, score))
+            if len(live) == k:
+                break
+        beams = live
+        if best is not None and max(score for _, score in beams) / max_len**alpha <= best[0]:
+            break
+    return best[1] if best is not None else max(beams, key=lambda b: b[1])[0]
+
+
+def test_beam_search_of_a_batch_equals_each_source_by_hand():
+    """The beams are chosen per example and per candidate as chapter 6 does it by hand, one source at a time:
+    outputs that finish early and outputs that run to max_len (random weights large enough that the output
+    follows the source, and an <eos> id these weights write at times)."""
+    model = small_model(9)
+    with torch.no_grad():
+        for weight in (p for p in model.parameters() if p.dim() > 1):
+            weight.normal_(0, 0.6, generator=torch.Generator().manual_seed(weight.numel()))
+    src = torch.randint(3, 9, (12, 5), generator=torch.Generator().manual_seed(0))
+    eos = 6
+    for k, alpha in ((4, 1.0), (4, 0.0), (2, 0.0)):
+        batch = beam_search(model, src, 9, bos_id=BOS, eos_id=eos, beam_size=k, length_penalty=alpha)
+        assert 0 < batch.eq(eos).any(1).sum() < len(src) and len({tuple(row.tolist()) for row in batch}) > 3, batch
+        for row, one in zip(batch, src.split(1), strict=True):
+            by_hand = beam_by_hand(model, one, 9, eos, k, alpha)
+            assert row[: len(by_hand)].tolist() == by_hand and row[len(by_hand) :].eq(PAD).all()
+
+
 @pytest.fixture(scope="module")
 def trained_reverser():
     tok = Seq2SeqTokenizer(ALPHABETS["reverse"])

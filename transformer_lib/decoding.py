@@ -129,41 +129,43 @@ def _beam(
     seqs = torch.full((B * k, 1), bos_id, dtype=torch.long, device=device)
     scores = torch.full((B, k), float("-inf"), device=device)
     scores[:, 0] = 0.0  # all beams start identical: keep only one alive at first
-    best: list[tuple[float, Tensor] | None] = [None] * B
+    best: list[tuple[float, Tensor] | None] = [None] * B  # per example: (normalized score, finished output)
     for t in range(1, max_len + 1):
         logp = model.decode(seqs[:, -1:], memory, src_k, caches=caches)[:, -1].log_softmax(-1)  # (B k, V)
         V = logp.shape[-1]
         total = (scores.reshape(B * k, 1) + logp).reshape(B, k * V)
         top, flat = total.topk(2 * k, dim=-1)  # (B, 2k): room to replace beams that just finished
-        beam, token = flat // V, flat % V
-        new_scores = torch.full((B, k), float("-inf"), device=device)
-        new_index = torch.zeros(B, k, dtype=torch.long, device=device)
-        new_token = torch.full((B, k), pad_id, dtype=torch.long, device=device)
+        # The choice of beams is per example and per candidate: in Python, on lists copied from the device once
+        # per step (element by element on a GPU, every read would wait for the GPU).
+        top_rows, flat_rows, finished_from = top.tolist(), flat.tolist(), None
+        new_scores = [[float("-inf")] * k for _ in range(B)]  # (B, k)
+        new_index = [[0] * k for _ in range(B)]  # (B, k): the row of seqs each new beam extends
+        new_token = [[pad_id] * k for _ in range(B)]  # (B, k)
         for b in range(B):
             filled = 0
-            for j in range(2 * k):
-                score, src_beam, tok = top[b, j].item(), int(beam[b, j]), int(token[b, j])
+            for score, f in zip(top_rows[b], flat_rows[b], strict=True):
                 if score == float("-inf"):
                     break
+                src_beam, tok = divmod(f, V)  # candidate f extends beam f // V by token f % V
                 if tok == eos_id:  # a finished hypothesis: keep the best by normalized score
-                    seq = torch.cat([seqs[b * k + src_beam], torch.tensor([eos_id], device=device)])
-                    norm = score / (t**length_penalty)
-                    kept = best[b]
+                    norm, kept = score / (t**length_penalty), best[b]
                     if kept is None or norm > kept[0]:
-                        best[b] = (norm, seq)
+                        finished_from = seqs.cpu() if finished_from is None else finished_from  # (B k, t)
+                        best[b] = (norm, torch.cat([finished_from[b * k + src_beam], torch.tensor([eos_id])]))
                     continue
-                new_scores[b, filled], new_index[b, filled], new_token[b, filled] = score, b * k + src_beam, tok
+                new_scores[b][filled], new_index[b][filled], new_token[b][filled] = score, b * k + src_beam, tok
                 filled += 1
                 if filled == k:
                     break
-        index = new_index.flatten()
+        index = torch.tensor(new_index, device=device).flatten()  # (B k,)
         _reorder(caches, index)
-        seqs = torch.cat([seqs.index_select(0, index), new_token.flatten()[:, None]], dim=1)
-        scores = new_scores
+        seqs = torch.cat([seqs.index_select(0, index), torch.tensor(new_token, device=device).view(B * k, 1)], dim=1)
+        scores = torch.tensor(new_scores, dtype=scores.dtype, device=device)  # (B, k)
         # stop when no live beam can beat the best finished hypothesis of its example
-        bound = scores.max(-1).values / (max_len**length_penalty if length_penalty > 0 else 1.0)
-        if all(kept is not None and bound[b].item() <= kept[0] for b, kept in enumerate(best)):
+        bound = (scores.max(-1).values / (max_len**length_penalty if length_penalty > 0 else 1.0)).tolist()
+        if all(kept is not None and bound[b] <= kept[0] for b, kept in enumerate(best)):
             break
     # an example where nothing finished: its best live beam
-    results = [seqs[b * k + int(scores[b].argmax())] if kept is None else kept[1] for b, kept in enumerate(best)]
-    return torch.nn.utils.rnn.pad_sequence(results, batch_first=True, padding_value=pad_id)
+    live, best_live = seqs.cpu(), scores.argmax(-1).tolist()
+    results = [live[b * k + best_live[b]] if kept is None else kept[1] for b, kept in enumerate(best)]
+    return torch.nn.utils.rnn.pad_sequence(results, batch_first=True, padding_value=pad_id).to(device)
