@@ -420,8 +420,8 @@ def op_times(fn: Callable[[], object], device: torch.device | str = "cpu", repea
     ):
         for _ in range(repeats):
             run()
-    if cuda:  # the kernels' own rows: an operator's row repeats the time of the kernels it launched
-        events = [e for e in prof.key_averages() if e.device_type == DeviceType.CUDA]
+    if cuda:  # the kernels' own rows: an operator's row, or a region's (the optimizer's step), repeats their time
+        events = [e for e in prof.key_averages() if e.device_type == DeviceType.CUDA and not e.is_user_annotation]
         rows = [(e.key, e.self_device_time_total / 1e6 / repeats) for e in events]  # microseconds to seconds
     else:
         rows = [(e.key, e.self_cpu_time_total / 1e6 / repeats) for e in prof.key_averages()]
