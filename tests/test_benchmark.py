@@ -142,6 +142,9 @@ def test_op_times_are_seconds_per_call_of_each_operator():
     assert one / 3 < seconds < one * 10, (seconds, one)  # a rate, per call: not the five calls' total
     with pytest.raises(ValueError, match="no PyTorch operators"):
         op_times(lambda: None, "cpu")
+    for bad in (0, 2.5, True):
+        with pytest.raises(ValueError, match=f"repeats must be a positive int, got {bad!r}"):
+            op_times(lambda: a @ a, "cpu", repeats=bad)
 
 
 def test_op_time_shares_drops_the_profilers_cycle_note_and_keeps_other_warnings(monkeypatch):

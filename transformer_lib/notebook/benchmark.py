@@ -410,6 +410,8 @@ def op_times(fn: Callable[[], object], device: torch.device | str = "cpu", repea
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
+    if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
+        raise ValueError(f"repeats must be a positive int, got {repeats!r}")
     device = torch.device(device)
     cuda = device.type == "cuda"
     run = synced(fn, device)
