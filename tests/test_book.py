@@ -250,11 +250,23 @@ def test_book_builds_without_warnings(book: Path) -> None:
         assert (book / f"{doc}.html").is_file(), f"{doc}.html was not built"
 
 
-# Seconds a chapter may take to execute top to bottom on a 2-core CPU (the build's own timing). Chapter 8
-# compiles two models with torch.compile; with a cold compile cache (a fresh machine) the two first
+# Seconds a chapter may take to execute top to bottom on a 2-core CPU with AVX-512 (the build's own timing).
+# Chapter 8 compiles two models with torch.compile; with a cold compile cache (a fresh machine) the two first
 # compiled steps alone took about 50 s on a 2-core CPU with native bf16, and the chapter 94 s.
 CHAPTER_BUDGET_S = {"chapters/07_decoder_only": 180.0, "chapters/08_training_at_scale": 120.0}
 DEFAULT_BUDGET_S = 90.0
+# On a CPU without AVX-512 (AVX2 only) the chapters' fp32 training runs at a lower rate: on 2-core AMD EPYCs of
+# the two kinds, chapters 4-9 took 1.2-1.7x as long in the book build (chapter 4: 62.8 and 87.1 s against 50.5;
+# chapter 9: 80.1 against 46.0). Their budgets there are this much larger.
+NO_AVX512_FACTOR = 1.5
+
+
+def chapter_budget_s(doc: str) -> float:
+    """The seconds ``doc`` may take to execute on this machine's CPU."""
+    import torch
+
+    budget = CHAPTER_BUDGET_S.get(doc, DEFAULT_BUDGET_S)
+    return budget if torch.backends.cpu.get_cpu_capability().startswith("AVX512") else budget * NO_AVX512_FACTOR
 
 
 @pytest.mark.notebooks
@@ -267,7 +279,7 @@ def test_chapter_executes_within_its_time_budget(book: Path, doc: str) -> None:
     record = records.get((ROOT / f"{doc}.ipynb").resolve())
     assert record is not None, f"{doc} was not executed by the build"
     seconds = record.data["execution_seconds"]
-    budget = CHAPTER_BUDGET_S.get(doc, DEFAULT_BUDGET_S)
+    budget = chapter_budget_s(doc)
     print(f"{doc}: executed in {seconds:.1f} s (budget {budget:.0f} s)")
     assert seconds <= budget, f"{doc} took {seconds:.1f} s to execute; the budget is {budget:.0f} s"
 
