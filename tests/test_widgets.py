@@ -418,3 +418,34 @@ def test_one_thread_only_when_the_default_is_clearly_slower(monkeypatch, slowdow
     monkeypatch.setattr(environment.time, "perf_counter", clock)
     assert environment.threads_for_a_busy_cpu() == (n_threads if expected == "default" else expected)
     assert torch.get_num_threads() == n_threads  # measuring leaves the setting as it was
+
+
+def test_the_busy_cpu_message_fits_the_output_box(monkeypatch, capsys):
+    """The first cell's lines on a busy CPU fit the rendered book's 79-column output box (a CI machine
+    running beside other jobs printed a 150-column line, and test_printed_lines_fit_the_output_box failed)."""
+    import torch
+
+    from transformer_lib.notebook import environment
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 16)  # a machine with many cores: the longest number
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
+    monkeypatch.setattr(environment, "threads_for_a_busy_cpu", lambda: 1)
+    monkeypatch.setattr(environment, "get_device", lambda: torch.device("cpu"))
+    environment.describe_environment(seed=None)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 4 and lines[0].endswith("| device: cpu"), lines  # versions and device on one line
+    assert "one PyTorch thread instead of 16" in lines[1]
+    assert all(len(line) <= 79 for line in lines), [line for line in lines if len(line) > 79]
+
+
+def test_a_gpu_name_goes_to_its_own_line(monkeypatch, capsys):
+    import torch
+
+    from transformer_lib.notebook import environment
+
+    monkeypatch.setattr(environment, "get_device", lambda: torch.device("cuda", 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "NVIDIA GeForce RTX 4090 Laptop GPU")
+    environment.describe_environment(seed=None)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1] == "device: cuda:0 (NVIDIA GeForce RTX 4090 Laptop GPU)", lines
+    assert lines[0].startswith("Python ") and all(len(line) <= 79 for line in lines), lines

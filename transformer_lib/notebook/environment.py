@@ -71,14 +71,15 @@ def describe_environment(seed: int | None = 0) -> torch.device:
     """
     device = get_device()
     gpu = f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
-    print(
-        f"Python {platform.python_version()} | torch {torch.__version__} | transformer_lib {__version__} "
-        f"| device: {device}{gpu}"
-    )
+    versions = f"Python {platform.python_version()} | torch {torch.__version__} | transformer_lib {__version__}"
+    on = f"device: {device}{gpu}"
+    # one line where it fits the rendered book's 79-column output box; a GPU's name takes a second
+    print(f"{versions} | {on}" if len(versions) + 3 + len(on) <= 79 else f"{versions}\n{on}")
     if device.type == "cpu" and torch.get_num_threads() > 1 and threads_for_a_busy_cpu() == 1:
-        print(
-            f"one PyTorch thread instead of {torch.get_num_threads()}: another process is keeping a core busy, "
-            "and one thread ran a small training step faster (How to use: threads on a busy machine)"
+        print(  # three lines, each within the output box of the rendered book (79 columns)
+            f"one PyTorch thread instead of {torch.get_num_threads()}: another process is keeping a core busy,\n"
+            "and one thread ran a small training step faster\n"
+            "(How to use: threads on a busy machine)"
         )
         torch.set_num_threads(1)
     if seed is not None:
