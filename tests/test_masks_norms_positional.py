@@ -145,6 +145,52 @@ def test_rope_equals_complex_multiplication_and_preserves_norm():
     torch.testing.assert_close(y.norm(dim=-1), x.norm(dim=-1))
 
 
+@pytest.mark.parametrize("layout", ["contiguous", "heads transposed", "positions per example"])
+def test_rope_as_one_complex_product_equals_the_written_out_rotation(layout):
+    """The CPU's fast path (one complex product per pair) against the four products on strided halves:
+    the same outputs and gradients, for the layouts attention passes (a view of (B, T, n_heads, d_head))."""
+    from transformer_lib import positional
+
+    rope = RotaryEmbedding(16, max_len=40)
+    x = torch.randn(2, 3, 24, 16)
+    positions = None
+    if layout == "heads transposed":
+        x = torch.randn(2, 24, 3, 16).transpose(1, 2)  # (B, n_heads, T, d_head), not contiguous
+    elif layout == "positions per example":
+        positions = torch.tensor([list(range(5, 29)), list(range(24))])  # (B, T): e.g. left padding
+    x.requires_grad_(True)
+    rows = slice(3, 27) if positions is None else positions  # offset 3: after three cached positions
+    cos, sin = rope.cos[rows], rope.sin[rows]
+    if positions is not None:
+        cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, d_head/2)
+    assert positional._rotate_as_complex_here(x, cos)
+    fast = positional._rotate_as_complex(x, cos, sin)
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    plain = torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2).type_as(x)
+    assert fast.dtype == plain.dtype == x.dtype and fast.shape == plain.shape
+    torch.testing.assert_close(fast, plain, rtol=1e-6, atol=1e-6)
+    g = torch.randn_like(plain)
+    torch.testing.assert_close(torch.autograd.grad(fast, x, g)[0], torch.autograd.grad(plain, x, g)[0])
+    torch.testing.assert_close(rope(x, offset=3, positions=positions), plain)
+
+
+def test_rope_keeps_the_written_out_rotation_for_compilers_and_bf16(monkeypatch):
+    """Compilers and exporters get real arithmetic (complex numbers are not theirs to lower everywhere)."""
+    from transformer_lib import positional
+
+    def complex_path(*args):
+        raise AssertionError("the complex fast path ran while compiling")
+
+    rope, x = RotaryEmbedding(8, max_len=10), torch.randn(1, 2, 10, 8)
+    expected = rope(x)
+    monkeypatch.setattr(positional, "_rotate_as_complex", complex_path)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    torch.testing.assert_close(rope(x), expected)
+    monkeypatch.undo()
+    assert not positional._rotate_as_complex_here(x.bfloat16(), rope.cos)  # bf16 keeps its own roundings
+    assert not positional._rotate_as_complex_here(x.to("meta"), rope.cos)  # a CPU's path only
+
+
 def test_self_attention_without_positions_is_permutation_equivariant():
     mha = MultiHeadAttention(16, 2).eval()
     x = torch.randn(1, 6, 16)
