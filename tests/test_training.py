@@ -546,3 +546,24 @@ def test_an_interrupt_cancels_the_runs_fit_together_has_not_started(monkeypatch)
     release.set()  # the runs in progress finish
     time.sleep(0.5)
     assert 0 < len(started) <= 2  # at most one per worker; the other four were cancelled
+
+
+def test_a_clipped_step_equals_pytorchs_loop_to_the_last_bit():
+    """The Trainer clips over the parameters it was built with (a list kept from construction, in the
+    model's order): the same norm, so the same weights, as clip_grad_norm_(model.parameters()) in a
+    plain loop with the same AdamW, clipping at every step (max norm 0.05)."""
+    model_a, model_b = tiny_gpt(0, dropout=0.0), tiny_gpt(0, dropout=0.0)
+    t = trainer(model_a, steps=5, grad_clip=0.05, warmup_steps=0, min_lr=1e-3, lr=1e-3)
+    opt = training.make_optimizer(model_b, 1e-3, t.config.weight_decay, t.config.betas, torch.device("cpu"))
+    g = torch.Generator().manual_seed(7)
+    norms = []
+    for _ in range(5):
+        x, y = batches(g)
+        t.train_step((x, y))
+        opt.zero_grad(set_to_none=True)
+        model_b(x, y)[1].backward()
+        norms.append(torch.nn.utils.clip_grad_norm_(model_b.parameters(), 0.05, foreach=True))
+        opt.step()
+    assert min(norms) > 0.05  # every step clipped
+    for p, q in zip(model_a.parameters(), model_b.parameters(), strict=True):
+        assert torch.equal(p, q)

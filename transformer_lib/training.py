@@ -235,6 +235,9 @@ class Trainer:
             # a Module in, a Module (OptimizedModule) out; torch.compile's stub only promises a callable
             self.forward_model = cast(nn.Module, torch.compile(self.forward_model))
         self.optimizer = self._new_optimizer()
+        # the parameters the optimizer was given, in the model's order (the norm's sum, so the same
+        # clipping to the last bit): model.parameters() walks every submodule, which costs per step
+        self._parameters = list(self.model.parameters())
         seed = (config.seed + self.rank) % 2**64 if self.rank else config.seed  # in manual_seed's range
         self.generator = torch.Generator().manual_seed(seed)
         self.step = 0
@@ -390,7 +393,7 @@ class Trainer:
         grad_norm = None
         if cfg.grad_clip is not None:
             self.scaler.unscale_(self.optimizer)
-            grad_norm = clip_gradients(self.model.parameters(), cfg.grad_clip, self.device)
+            grad_norm = clip_gradients(self._parameters, cfg.grad_clip, self.device)
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self._note_nonfinite(loss, grad_norm)
