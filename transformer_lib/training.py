@@ -235,8 +235,9 @@ class Trainer:
             # a Module in, a Module (OptimizedModule) out; torch.compile's stub only promises a callable
             self.forward_model = cast(nn.Module, torch.compile(self.forward_model))
         self.optimizer = self._new_optimizer()
-        # the parameters the optimizer was given, in the model's order (the norm's sum, so the same
-        # clipping to the last bit): model.parameters() walks every submodule, which costs per step
+        # the model's parameters as at construction (the optimizer holds those too), for clipping, in the
+        # model's order (the order of the norm's sum: the same clipping to the last bit). A list, because
+        # model.parameters() walks every submodule, a cost paid at every step
         self._parameters = list(self.model.parameters())
         seed = (config.seed + self.rank) % 2**64 if self.rank else config.seed  # in manual_seed's range
         self.generator = torch.Generator().manual_seed(seed)
