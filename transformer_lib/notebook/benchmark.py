@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .._validate import _validate_int
 from ..models import GPT
 from ..training import TrainConfig, Trainer, clip_gradients, lr_at, make_optimizer
 from ..utils import best_time
@@ -353,8 +354,7 @@ def copy_bytes_per_second(n_bytes: int = 2**26, device: torch.device | str = "cp
     """
     if not isinstance(n_bytes, int) or isinstance(n_bytes, bool) or n_bytes < 4 or n_bytes % 4:
         raise ValueError(f"n_bytes must be a positive multiple of 4 (float32 numbers), got {n_bytes!r}")
-    if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
-        raise ValueError(f"repeats must be a positive int, got {repeats!r}")
+    repeats = _validate_int("repeats", repeats)
     device = torch.device(device)
     src = torch.ones(n_bytes // 4, device=device)
     dst = torch.empty_like(src)
@@ -410,8 +410,7 @@ def op_times(fn: Callable[[], object], device: torch.device | str = "cpu", repea
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
-        raise ValueError(f"repeats must be a positive int, got {repeats!r}")
+    repeats = _validate_int("repeats", repeats)
     device = torch.device(device)
     cuda = device.type == "cuda"
     run = synced(fn, device)
