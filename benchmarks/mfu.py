@@ -13,17 +13,18 @@ A step's FLOPs are nanoGPT's estimate (PaLM's appendix B): ``6 N + 12 L d_model 
 MFU is the rate they are done at over the GPU's *published* dense bf16 peak (a table below, by
 device name, or ``--peak-tflops``); the rate this GPU reaches on one large bf16 product is printed
 beside it. fp32 products run as TF32 (``torch.set_float32_matmul_precision("high")``, as nanoGPT's
-``train.py`` sets): the library keeps its output head in fp32 under autocast. ``--bf16-head`` adds
-a row for the library with the head under autocast like the rest, to show what that choice costs;
-``--fp32-out-head`` (CUDA) one with the head's products in bf16 and its logits in fp32
-(``torch.mm``'s ``out_dtype``), which keeps the logits' precision. ``--profile`` prints each
+``train.py`` sets). Under bf16 autocast on CUDA the library's output head multiplies bf16 operands
+and writes fp32 logits (:func:`transformer_lib.precision.output_in_fp32`); nanoGPT's head writes
+bf16 logits. ``--bf16-head`` adds a row for the library with bf16 logits like nanoGPT's, and
+``--fp32-head`` (CUDA, bf16) one with the head's product wholly in fp32 (the library's head before
+2026-11-27, and on a CPU), to show what each choice costs. ``--profile`` prints each
 engine's longest GPU kernels (the CPU's operators on a CPU), per step. The last line reads
 
     mfu ours=<share> reference=<share>          (none where the peak is unknown)
 
     python benchmarks/mfu.py                    # on a GPU: about a minute (H100), mostly compilation
     python benchmarks/mfu.py --bf16-head        # and the diagnostic row (75 s on an H100 in all)
-    python benchmarks/mfu.py --bf16-head --fp32-out-head --profile   # every diagnostic
+    python benchmarks/mfu.py --bf16-head --fp32-head --profile   # every diagnostic
     python benchmarks/mfu.py --device cpu --n-layer 2 --n-head 2 --d-model 64 --block-size 32 --vocab-size 128 \\
         --batch-size 2 --iters 8 --warmup-steps 3 --eager --peak-tflops 1   # the script's own check
 """
@@ -39,7 +40,7 @@ import torch
 from torch import Tensor
 
 from recipe import char_data, recipe_config, recipe_gpt, recipe_parser  # benchmarks/recipe.py, beside this script
-from transformer_lib import count_parameters, get_device, set_seed
+from transformer_lib import count_parameters, get_device, precision, set_seed
 from transformer_lib.notebook.benchmark import (
     ReferenceGPT,
     matmul_flops_per_second,
@@ -47,7 +48,6 @@ from transformer_lib.notebook.benchmark import (
     reference_train_step,
     train_side_by_side,
 )
-from transformer_lib.precision import output_in_fp32
 from transformer_lib.text import random_blocks
 from transformer_lib.training import Trainer
 
@@ -100,36 +100,6 @@ def median_step(
     return statistics.median(times)
 
 
-class _Fp32OutProduct(torch.autograd.Function):
-    """``a @ b`` of bf16 operands with fp32 output (a CUDA kernel); the backward's products in bf16."""
-
-    @staticmethod
-    def forward(ctx: torch.autograd.function.FunctionCtx, a: Tensor, b: Tensor) -> Tensor:
-        ctx.save_for_backward(a, b)
-        return torch.mm(a, b, out_dtype=torch.float32)
-
-    @staticmethod
-    def backward(ctx: torch.autograd.function.FunctionCtx, grad: Tensor) -> tuple[Tensor, Tensor]:
-        a, b = ctx.saved_tensors  # type: ignore[attr-defined]
-        grad = grad.to(a.dtype)
-        return grad @ b.T, a.T @ grad
-
-
-def head_fp32_out(head: torch.nn.Linear, h: Tensor) -> Tensor:
-    """The output head with bf16 products and fp32 logits, under CUDA autocast; elsewhere the library's own.
-
-    Shapes: h (..., d_model) -> logits (..., vocab_size).
-    """
-    if not (h.is_cuda and torch.is_autocast_enabled("cuda")):
-        return output_in_fp32(head, h)
-    with torch.autocast("cuda", enabled=False):
-        a = h.reshape(-1, h.shape[-1]).to(torch.bfloat16)  # (B*T, d_model)
-        logits = _Fp32OutProduct.apply(a, head.weight.to(torch.bfloat16).T)  # (B*T, vocab_size), fp32
-        if head.bias is not None:
-            logits = logits + head.bias
-    return logits.view(*h.shape[:-1], logits.shape[-1])
-
-
 def main() -> None:
     p = recipe_parser(__doc__.splitlines()[0])
     p.set_defaults(n_layer=12, n_head=12, d_model=768, block_size=1024, batch_size=12, iters=40, warmup=10)
@@ -138,7 +108,7 @@ def main() -> None:
     p.add_argument("--eager", action="store_true", help="neither model compiled")
     p.add_argument("--peak-tflops", type=float, default=None, help="the device's bf16 peak, if the table lacks it")
     p.add_argument("--bf16-head", action="store_true", help="also time the library with its head under autocast")
-    p.add_argument("--fp32-out-head", action="store_true", help="also time it with bf16 head products, fp32 logits")
+    p.add_argument("--fp32-head", action="store_true", help="also time it with the head's product wholly in fp32")
     p.add_argument("--profile", action="store_true", help="print each engine's longest kernels per step")
     args = p.parse_args()
     device = get_device(args.device)
@@ -171,13 +141,13 @@ def main() -> None:
     ys = val[1 : n * args.block_size + 1].view(n, args.block_size)[: 4 * args.batch_size].to(device)
     val_batches = list(zip(xs.split(args.batch_size), ys.split(args.batch_size), strict=True))
 
-    precision = str(trainer.amp_dtype).removeprefix("torch.") if trainer.amp_dtype else "fp32"
+    dtype_name = str(trainer.amp_dtype).removeprefix("torch.") if trainer.amp_dtype else "fp32"
     n_params = count_parameters(ours) - ours.pos.weight.numel()  # nanoGPT's N: the position table left out
     flops = step_flops(n_params, args.n_layer, args.d_model, args.block_size, args.batch_size * args.block_size)
     print(
         f"GPT: {args.n_layer} layers, {args.n_head} heads, d_model {args.d_model}, block {args.block_size}, "
         f"batch {args.batch_size}, vocab {args.vocab_size}: {n_params / 1e6:.1f}M parameters (N), "
-        f"{flops / 1e12:.2f} TFLOP per step; {precision}{', compiled' if compile_ else ', eager'}",
+        f"{flops / 1e12:.2f} TFLOP per step; {dtype_name}{', compiled' if compile_ else ', eager'}",
         flush=True,
     )
     result = train_side_by_side(
@@ -187,16 +157,18 @@ def main() -> None:
         ("reference", result.reference_step, result.reference_val_loss),
         ("ours", result.ours_step, result.ours_val_loss),
     ]
-    variants = {"ours, bf16 head": lambda head, h: head(h)} if args.bf16_head else {}
-    if args.fp32_out_head:
-        if device.type == "cuda" and trainer.amp_dtype == torch.bfloat16:
-            variants["ours, fp32-out head"] = head_fp32_out
+    # Each diagnostic row: the library with one name patched while its model is built, compiled and timed.
+    variants = {"ours, bf16 head": ("transformer_lib.models.output_in_fp32", lambda head, h: head(h))}
+    variants = variants if args.bf16_head else {}
+    if args.fp32_head:
+        if device.type == "cuda" and trainer.amp_dtype == torch.bfloat16 and precision._MM_FP32_OUT_ON_CUDA:
+            variants["ours, fp32 head"] = ("transformer_lib.precision._MM_FP32_OUT_ON_CUDA", False)
         else:
-            print("--fp32-out-head: needs bf16 autocast on CUDA; no row")
-    for who, head in variants.items():
+            print("--fp32-head: needs bf16 autocast on CUDA (elsewhere the head is fp32 already); no row")
+    for who, (target, value) in variants.items():
         set_seed(args.seed)
         model = recipe_gpt(args, args.vocab_size)
-        with mock.patch("transformer_lib.models.output_in_fp32", head):
+        with mock.patch(target, value):
             variant = Trainer(model, recipe_config(args, compile=compile_), unused, device=device)
             try:
                 step = median_step(variant.train_step, batch, device, args.iters - args.warmup_steps, args.warmup_steps)

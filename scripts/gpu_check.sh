@@ -26,7 +26,7 @@ else 'no CUDA GPU: mfu.py skipped, the CUDA tests skip, the chapters run on the 
 "$PY" -c "import torch; assert torch.cuda.is_available()" 2>/dev/null || SKIP_MFU=1
 if [ -z "${SKIP_MFU:-}" ]; then
   # shellcheck disable=SC2086  # MFU_ARGS is a list of flags
-  (cd benchmarks && timeout "${MFU_TIMEOUT:-240}" "$PY" mfu.py ${MFU_ARGS:---bf16-head --fp32-out-head --profile}) >"$OUT/mfu.txt" 2>&1
+  (cd benchmarks && timeout "${MFU_TIMEOUT:-240}" "$PY" mfu.py ${MFU_ARGS:---bf16-head --fp32-head --profile}) >"$OUT/mfu.txt" 2>&1
   stamp "mfu.py: exit $?, $OUT/mfu.txt"
 fi
 pids=()

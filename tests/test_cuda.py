@@ -9,14 +9,16 @@ the uncached tokens, the library's GPT equals nanoGPT's on the same weights, and
 
 from __future__ import annotations
 
+import copy
 import re
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-from transformer_lib import GPT, GPTConfig
+from transformer_lib import GPT, GPTConfig, precision
 from transformer_lib.notebook.benchmark import ReferenceGPT, op_times
-from transformer_lib.precision import fused_attention
+from transformer_lib.precision import fused_attention, output_in_fp32
 from transformer_lib.text import random_blocks
 from transformer_lib.training import TrainConfig, Trainer, fit_together
 
@@ -77,6 +79,37 @@ def test_the_library_gpt_equals_nanogpt_on_the_gpu():
         torch.testing.assert_close(ours(x, y)[1], reference(x, y)[1], atol=1e-5, rtol=1e-5)
         with torch.autocast("cuda", dtype=torch.bfloat16):
             torch.testing.assert_close(ours(x, y)[1], reference(x, y)[1].float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.skipif(
+    not (torch.cuda.is_available() and torch.cuda.is_bf16_supported() and precision._MM_FP32_OUT_ON_CUDA),
+    reason="needs bf16 and torch.mm's out_dtype on CUDA",
+)
+@pytest.mark.parametrize("compiled", [False, True])
+def test_the_head_under_bf16_autocast_multiplies_bf16_operands_into_fp32_logits(compiled):
+    """The logits are the fp32 accumulator of the bf16-rounded operands' product, not bf16-rounded logits and not
+    an fp32 product; the gradients are autocast's own bf16 product's, eager and compiled."""
+    torch.manual_seed(0)
+    head = torch.nn.Linear(64, 1000).cuda()
+    h = torch.randn(2, 8, 64, device="cuda", requires_grad=True)
+    run = torch.compile(output_in_fp32) if compiled else output_in_fp32
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        logits = run(head, h)
+    assert logits.dtype == torch.float32 and logits.shape == (2, 8, 1000)
+    exact = F.linear(h.bfloat16().double(), head.weight.bfloat16().double(), head.bias.double())
+    torch.testing.assert_close(logits.double(), exact, atol=1e-4, rtol=1e-4)
+    assert (logits - logits.bfloat16().float()).abs().max() > 1e-3  # the logits were not rounded to bf16
+    assert (logits.double() - F.linear(h.double(), head.weight.double(), head.bias.double())).abs().max() > 1e-3
+    g = torch.randn_like(logits)
+    logits.backward(g)
+    h2, head2 = h.detach().clone().requires_grad_(), copy.deepcopy(head)
+    head2.weight.grad = head2.bias.grad = None
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        reference = head2(h2)  # autocast's bf16 product, bf16 logits
+    reference.float().backward(g)
+    for ours, theirs in ((h.grad, h2.grad), (head.weight.grad, head2.weight.grad), (head.bias.grad, head2.bias.grad)):
+        assert ours.dtype == theirs.dtype == torch.float32
+        torch.testing.assert_close(ours, theirs, atol=2e-2, rtol=2e-2)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
