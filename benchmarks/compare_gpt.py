@@ -10,19 +10,19 @@ fp32 and once more in the reduced precision the machine multiplies natively, if 
 CPU with AVX512-BF16 or AMX and on recent GPUs; both models under the same autocast).
 
 For each precision it prints the median milliseconds per step, tokens per second and validation
-loss of each model; the step's counted matrix arithmetic and the *bound*: those products alone,
-at the rate this machine reaches on exactly their shapes in that precision (the output head in
-fp32, as the library keeps it), the fastest any engine could take the step; each model's share of
-it; and where the rest of the library's step goes, part by part (an operator profile), with each
-part's time alone (its own kernels on the step's tensors, nothing in between) and the bound of the
-memory-bound parts: the bytes each must read and write over the measured copy bandwidth. The
-difference between the step and its parts alone is what running them inside one eager step costs.
-Last, about the fastest an eager PyTorch step can be on this machine: the products as the step
-calls them (each layer's own operands, laid out as autograd passes them), the other parts alone,
-and PyTorch's own cost per operator (the same step at a width where every kernel is next to nothing),
-against the step at its fastest. The step, the parts and these are timed in turn, the fastest of 20
-rounds each, so that the machine's slow moments (on a shared VM, steps of one run can differ by
-1.5x) weigh on all of them alike. The last line reads
+loss of each model; the step's counted matrix arithmetic and the *bound*: those products alone, at
+the rate this machine reaches on exactly their shapes in that precision (the output head in fp32,
+as the library keeps it, except on a CUDA GPU under bf16), the fastest any engine could take the
+step; each model's share of it; and where the rest of the library's step goes, part by part (an
+operator profile), with each part's time alone (its own kernels on the step's tensors, nothing in
+between) and the bound of the memory-bound parts: the bytes each must read and write over the
+measured copy bandwidth. The difference between the step and its parts alone is what running them
+inside one eager step costs. Last, about the fastest an eager PyTorch step can be on this machine:
+the products as the step calls them (each layer's own operands, laid out as autograd passes them),
+the other parts alone, and PyTorch's own cost per operator (the same step at a width where every
+kernel is next to nothing), against the step at its fastest. The step, the parts and these are
+timed in turn, the fastest of 20 rounds each, so that the machine's slow moments (on a shared VM,
+steps of one run can differ by 1.5x) weigh on all of them alike. The last line reads
 
     share_of_bound fp32=<library's share> bf16=<library's share, or none>
 
@@ -61,7 +61,7 @@ from transformer_lib.notebook.benchmark import (
     train_step_bound,
     train_step_flops,
 )
-from transformer_lib.precision import native_dtype
+from transformer_lib.precision import head_product_dtype, native_dtype
 from transformer_lib.text import random_blocks
 from transformer_lib.training import Trainer
 
@@ -102,9 +102,12 @@ def race(args: argparse.Namespace, device: torch.device, low: torch.dtype | None
     if low is None:
         products = step_products(blocks + head, device=device)
         how = "every product in fp32"
-    else:  # the blocks' products in the reduced precision, the output head's in fp32
+    elif head_product_dtype(device, low) == torch.float32:  # the blocks' products in low precision, the head's in fp32
         products = step_products(blocks, low, device, fp32_shapes=head)
         how = f"the blocks' products in {name}, the output head's in fp32"
+    else:  # a CUDA GPU under bf16: the head, too, multiplies bf16 operands (its logits fp32)
+        products = step_products(blocks + head, low, device)
+        how = f"every product in {name} (the output head's logits in fp32)"
     fp32_rate = flops / train_step_bound(blocks + head, device=device)  # for attention's products, below
     g = torch.Generator().manual_seed(args.seed)
     result = train_side_by_side(

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from transformer_lib import GPT, GPTConfig, checkpoint, training
+from transformer_lib import GPT, GPTConfig, checkpoint, precision, training
 from transformer_lib.notebook.plots import plot_history
-from transformer_lib.precision import native_dtype
+from transformer_lib.precision import head_product_dtype, native_dtype
 from transformer_lib.text import random_blocks
 from transformer_lib.training import (
     NonFiniteLossError,
@@ -332,6 +332,20 @@ def test_autocast_dtype_follows_the_hardware(monkeypatch):
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
     assert autocast_dtype(torch.device("cpu")) == torch.bfloat16
     assert autocast_dtype(torch.device("mps")) is None
+
+
+def test_the_head_multiplies_in_bf16_only_on_a_cuda_gpu_under_bf16(monkeypatch):
+    """The rule :func:`output_in_fp32` follows and the benchmarks' bounds read (chapter 8, compare_gpt.py)."""
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    monkeypatch.setattr(precision, "_MM_FP32_OUT_ON_CUDA", True)
+    assert head_product_dtype(cuda, torch.bfloat16) == torch.bfloat16
+    for device, amp in ((cuda, torch.float16), (cuda, None), (cpu, torch.bfloat16), (cpu, None)):
+        assert head_product_dtype(device, amp) == torch.float32, (device, amp)
+    monkeypatch.setattr(precision, "_MM_FP32_OUT_ON_CUDA", False)  # a PyTorch without torch.mm's out_dtype
+    assert head_product_dtype(cuda, torch.bfloat16) == torch.float32
+    assert precision._has_cuda_kernel("aten::no_such_operator.dtype") is False
+    if not torch.backends.cuda.is_built():  # a CPU build of PyTorch has no CUDA kernel at all
+        assert not precision._has_cuda_kernel("aten::mm") and not precision._MM_FP32_OUT_ON_CUDA
 
 
 def test_the_precision_switch_overrides_the_hardware_for_every_device(monkeypatch):

@@ -99,6 +99,16 @@ class _Bf16ProductFp32Out(torch.autograd.Function):
         return grad @ b.T, a.T @ grad  # (N, d_model), (d_model, vocab_size)
 
 
+def head_product_dtype(device: torch.device, amp_dtype: torch.dtype | None) -> torch.dtype:
+    """The dtype the output head multiplies in under autocast to ``amp_dtype`` on ``device`` (None: none).
+
+    bf16 on a CUDA GPU under bf16 autocast (its logits still fp32, :func:`output_in_fp32`), else fp32.
+    """
+    if device.type == "cuda" and amp_dtype == torch.bfloat16 and _MM_FP32_OUT_ON_CUDA:
+        return torch.bfloat16
+    return torch.float32
+
+
 def _head_bf16_products_fp32_logits(head: nn.Linear, h: Tensor) -> Tensor:
     """``head(h)`` with bf16 operands and fp32 logits (CUDA, bf16 autocast).
 
@@ -129,10 +139,9 @@ def output_in_fp32(head: nn.Linear, h: Tensor) -> Tensor:
         weight = getattr(head, "weight", None)
         if (
             h.is_cuda
-            and _MM_FP32_OUT_ON_CUDA
-            and torch.get_autocast_dtype("cuda") == torch.bfloat16
             and type(head) is nn.Linear
             and isinstance(weight, Tensor)
+            and head_product_dtype(h.device, torch.get_autocast_dtype("cuda")) == torch.bfloat16
         ):
             return _head_bf16_products_fp32_logits(head, h)
         with torch.autocast(h.device.type, enabled=False):

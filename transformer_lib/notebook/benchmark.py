@@ -449,8 +449,9 @@ def step_products(
     fp32_shapes: Sequence[tuple[int, int, int]] = (),
 ) -> Callable[[], None]:
     """A function that runs the products ``(M, K) @ (K, N)`` of ``shapes`` in ``dtype``, and of
-    ``fp32_shapes`` (e.g. the output head, which the library keeps in fp32 under autocast) in fp32,
-    once each, on random operands made here: a training step's matrix work and nothing else.
+    ``fp32_shapes`` (e.g. the output head, which the library keeps in fp32 under autocast except on a
+    CUDA GPU under bf16: :func:`~transformer_lib.precision.head_product_dtype`) in fp32, once each,
+    on random operands made here: a training step's matrix work and nothing else.
 
     Timed, it is the step's bound: no engine takes the step in that precision faster. Timed beside
     the steps (``train_side_by_side(..., alongside=step_products(...))``), it is the bound under the
