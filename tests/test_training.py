@@ -3,6 +3,7 @@ import io
 import math
 import re
 import threading
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -407,6 +408,48 @@ def test_cpu_mixed_precision_multiplies_in_bf16_and_learns_like_fp32(monkeypatch
     h32 = full.fit()
     assert h.val_loss[-1] < h.val_loss[0] - 0.5
     assert abs(h.val_loss[-1] - h32.val_loss[-1]) < 0.1, (h.val_loss, h32.val_loss)
+
+
+def test_the_default_loss_asks_a_gpt_for_the_loss_alone_and_other_models_for_both():
+    model, x = tiny_gpt(dropout=0.0), torch.randint(0, 7, (2, 16))
+    logits, loss = model(x, x)
+    none, alone = model(x, x, return_logits=False)
+    assert none is None and torch.equal(alone, loss)
+    with pytest.raises(ValueError, match="return_logits=False returns the loss alone: it needs targets"):
+        model(x, return_logits=False)
+    calls = []
+
+    class Spy(torch.nn.Module):  # a model whose forward(x, y) has no return_logits
+        def forward(self, x, y):
+            calls.append(y)
+            return None, loss
+
+    assert default_loss(Spy(), (x, x)) is loss and len(calls) == 1
+    with mock.patch.object(GPT, "forward", autospec=True, side_effect=GPT.forward) as forward:
+        assert torch.equal(default_loss(model, (x, x)), loss)
+    assert forward.call_args.kwargs == {"return_logits": False}
+
+
+@pytest.mark.slow
+def test_a_compiled_gpt_step_keeps_its_logits_inside_the_graph():
+    """The default loss asks a GPT for the loss alone. Compiled, the backward pass then fills no zero gradient of
+    the logits' size; the compiled model's own (logits, loss), the logits handed out of its graph, takes one."""
+    t = trainer(tiny_gpt(dropout=0.0), steps=4, compile=True, amp=False)
+    x, y = batches(torch.Generator().manual_seed(0))
+    logits_shape = [*x.shape, 7]
+
+    def logits_sized_fills(fn):
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+            fn()
+        events = prof.key_averages(group_by_input_shape=True)
+        return [
+            e.key for e in events if e.key in ("aten::zero_", "aten::fill_") and e.input_shapes[:1] == [logits_shape]
+        ]
+
+    t.train_step((x, y))  # compiles
+    assert logits_sized_fills(lambda: t.train_step((x, y))) == []
+    t.forward_model(x, y)[1].backward()  # compiles the (logits, loss) graph
+    assert logits_sized_fills(lambda: t.forward_model(x, y)[1].backward())  # what the default loss avoids
 
 
 @pytest.mark.slow

@@ -413,13 +413,21 @@ class GPT(nn.Module):
         targets: Tensor | None = None,
         caches: list[KVCache] | None = None,
         attention_mask: Tensor | None = None,
+        return_logits: bool = True,
     ) -> tuple[Tensor, Tensor | None]:
         """Logits for every position and, given ``targets`` (B, T), the mean cross-entropy.
 
         Targets equal to -100 are ignored. ``caches`` (from :meth:`new_caches`) hold the
         keys and values of earlier positions, so ``idx`` can be just the new tokens.
         ``attention_mask`` (B, T_past + T): 1 for tokens, 0 for left padding.
+
+        ``return_logits=False`` (with ``targets``) returns ``(None, loss)``: the Trainer's default
+        loss asks for that. Through ``torch.compile`` the logits then stay inside the compiled
+        graph, read by the loss alone; handed out of it, they would take a gradient of zeros in
+        the backward pass, a tensor of their size filled and read at every step.
         """
+        if not return_logits and targets is None:
+            raise ValueError("return_logits=False returns the loss alone: it needs targets, got targets=None")
         past = 0 if caches is None else len(caches[0])
         idx, attention_mask = self._validate(idx, attention_mask, past)
         logits = self.logits(idx, caches=caches, attention_mask=attention_mask)  # (B, T, vocab_size)
@@ -432,7 +440,7 @@ class GPT(nn.Module):
                 f"got shape {tuple(targets.shape)} and dtype {targets.dtype}"
             )
         loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten().long(), ignore_index=-100)
-        return logits, loss
+        return (logits if return_logits else None), loss  # type: ignore[return-value]  # None: asked for
 
     def new_caches(self) -> list[KVCache]:
         """One empty key/value cache per block."""

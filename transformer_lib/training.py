@@ -9,6 +9,7 @@ An invalid :class:`TrainConfig` raises ``ValueError``; a NaN or infinite loss, :
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import time
@@ -159,9 +160,37 @@ def clip_gradients(params: Iterable[Tensor], max_norm: float, device: torch.devi
 
 
 def default_loss(model: nn.Module, batch: Batch) -> Tensor:
-    """For models whose ``forward(x, y)`` returns ``(logits, loss)``, like :class:`~transformer_lib.models.GPT`."""
+    """For models whose ``forward(x, y)`` returns ``(logits, loss)``, like :class:`~transformer_lib.models.GPT`.
+
+    A model whose ``forward`` takes ``return_logits`` (GPT) is asked for the loss alone, so that a
+    compiled model keeps its logits inside its graph (:meth:`~transformer_lib.models.GPT.forward`).
+    """
     x, y = batch
+    if _forward_takes(_unwrapped(model), "return_logits"):
+        return model(x, y, return_logits=False)[1]
     return model(x, y)[1]
+
+
+def _unwrapped(model: nn.Module) -> nn.Module:
+    """The model inside DDP's wrapper (``.module``) and torch.compile's (``._orig_mod``), if any."""
+    if isinstance(model, DistributedDataParallel):
+        model = model.module
+    inner = getattr(model, "_orig_mod", None)
+    return inner if isinstance(inner, nn.Module) else model
+
+
+_FORWARD_PARAMETERS: dict[type, frozenset[str]] = {}  # a model class -> its forward's parameter names
+
+
+def _forward_takes(model: nn.Module, name: str) -> bool:
+    """Whether ``model.forward`` has a parameter called ``name`` (read once per class)."""
+    cls = type(model)
+    if cls not in _FORWARD_PARAMETERS:
+        try:
+            _FORWARD_PARAMETERS[cls] = frozenset(inspect.signature(model.forward).parameters)
+        except (TypeError, ValueError):  # no signature to read
+            _FORWARD_PARAMETERS[cls] = frozenset()
+    return name in _FORWARD_PARAMETERS[cls]
 
 
 def _to(batch: Batch, device: torch.device) -> Batch:
