@@ -428,6 +428,7 @@ def test_the_default_loss_asks_a_gpt_for_the_loss_alone_and_other_models_for_bot
     with mock.patch.object(GPT, "forward", autospec=True, side_effect=GPT.forward) as forward:
         assert torch.equal(default_loss(model, (x, x)), loss)
     assert forward.call_args.kwargs == {"return_logits": False}
+    assert training._unwrapped(torch.compile(model)) is model  # the Trainer's compiled wrapper is seen through
 
 
 @pytest.mark.slow

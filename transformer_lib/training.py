@@ -172,11 +172,13 @@ def default_loss(model: nn.Module, batch: Batch) -> Tensor:
 
 
 def _unwrapped(model: nn.Module) -> nn.Module:
-    """The model inside DDP's wrapper (``.module``) and torch.compile's (``._orig_mod``), if any."""
-    if isinstance(model, DistributedDataParallel):
-        model = model.module
+    """The model inside torch.compile's wrapper (``._orig_mod``) and DDP's (``.module``), if any.
+
+    The Trainer compiles the DDP wrapper, so torch.compile's is the outer one.
+    """
     inner = getattr(model, "_orig_mod", None)
-    return inner if isinstance(inner, nn.Module) else model
+    model = inner if isinstance(inner, nn.Module) else model
+    return model.module if isinstance(model, DistributedDataParallel) else model
 
 
 _FORWARD_PARAMETERS: dict[type, frozenset[str]] = {}  # a model class -> its forward's parameter names
