@@ -158,8 +158,9 @@ def main() -> None:
         ("ours", result.ours_step, result.ours_val_loss),
     ]
     # Each diagnostic row: the library with one name patched while its model is built, compiled and timed.
-    variants = {"ours, bf16 head": ("transformer_lib.models.output_in_fp32", lambda head, h: head(h))}
-    variants = variants if args.bf16_head else {}
+    variants: dict[str, tuple[str, object]] = {}
+    if args.bf16_head:
+        variants["ours, bf16 head"] = ("transformer_lib.models.output_in_fp32", lambda head, h: head(h))
     if args.fp32_head:
         if device.type == "cuda" and trainer.amp_dtype == torch.bfloat16 and precision._MM_FP32_OUT_ON_CUDA:
             variants["ours, fp32 head"] = ("transformer_lib.precision._MM_FP32_OUT_ON_CUDA", False)
