@@ -112,6 +112,21 @@ def test_the_head_under_bf16_autocast_multiplies_bf16_operands_into_fp32_logits(
         torch.testing.assert_close(ours, theirs, atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.skipif(
+    not (torch.cuda.is_available() and torch.cuda.is_bf16_supported() and precision._MM_FP32_OUT_ON_CUDA),
+    reason="needs bf16 and torch.mm's out_dtype on CUDA",
+)
+def test_a_head_with_a_forward_hook_is_called_and_multiplied_in_fp32():
+    torch.manual_seed(0)
+    head, seen = torch.nn.Linear(64, 100).cuda(), []
+    head.register_forward_hook(lambda module, args, out: seen.append(out.dtype))
+    h = torch.randn(2, 8, 64, device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        logits = output_in_fp32(head, h)
+    assert seen == [torch.float32] and logits.dtype == torch.float32
+    torch.testing.assert_close(logits, F.linear(h, head.weight, head.bias), atol=1e-2, rtol=1e-2)  # TF32 or fp32
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_fused_attention_on_the_gpu_equals_the_formula(dtype):
     torch.manual_seed(0)

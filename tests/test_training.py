@@ -349,6 +349,22 @@ def test_the_head_multiplies_in_bf16_only_on_a_cuda_gpu_under_bf16(monkeypatch):
         assert not precision._has_cuda_kernel("aten::mm") and not precision._MM_FP32_OUT_ON_CUDA
 
 
+def test_a_head_with_forward_hooks_is_called_as_a_module():
+    """The CUDA bf16 head multiplies the weight without calling the module: it is taken only without hooks."""
+    head = torch.nn.Linear(4, 3)
+    assert not precision._hooked(head)
+    for register in (head.register_forward_hook, head.register_forward_pre_hook):
+        handle = register(lambda *args: None)
+        assert precision._hooked(head)
+        handle.remove()
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda *args: None)  # every module's
+    try:
+        assert precision._hooked(head)
+    finally:
+        handle.remove()
+    assert not precision._hooked(head)
+
+
 def test_the_precision_switch_overrides_the_hardware_for_every_device(monkeypatch):
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
     cpu = torch.device("cpu")

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.modules import module as _nn_module
 
 PRECISION_ENV = "TRANSFORMER_LIB_PRECISION"
 PRECISIONS = {"auto": None, "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -109,6 +110,16 @@ def head_product_dtype(device: torch.device, amp_dtype: torch.dtype | None) -> t
     return torch.float32
 
 
+def _hooked(module: nn.Module) -> bool:
+    """Whether calling ``module`` would run forward hooks (its own or global ones) around its forward."""
+    return bool(
+        module._forward_hooks
+        or module._forward_pre_hooks
+        or _nn_module._global_forward_hooks
+        or _nn_module._global_forward_pre_hooks
+    )
+
+
 def _head_bf16_products_fp32_logits(head: nn.Linear, h: Tensor) -> Tensor:
     """``head(h)`` with bf16 operands and fp32 logits (CUDA, bf16 autocast).
 
@@ -131,7 +142,9 @@ def output_in_fp32(head: nn.Linear, h: Tensor) -> Tensor:
     autocast the product takes bf16 operands, as every other projection does, and its fp32
     accumulator is the output: the logits keep their precision and the tensor cores do the work
     (GPT-2 small's head is about a quarter of the step's FLOPs; on an H200 the compiled step took
-    29.0 ms this way against 30.2 ms with an fp32 head, ``benchmarks/mfu.py``).
+    29.0 ms this way against 30.2 ms with an fp32 head, ``benchmarks/mfu.py``). That path multiplies
+    the head's weight without calling the module, so a head with forward hooks (its own or global
+    ones) is called instead, in fp32, and its hooks run (chapter 8 records every module's output dtype).
 
     Shapes: h (..., d_model) -> logits (..., vocab_size).
     """
@@ -141,6 +154,7 @@ def output_in_fp32(head: nn.Linear, h: Tensor) -> Tensor:
             h.is_cuda
             and type(head) is nn.Linear
             and isinstance(weight, Tensor)
+            and not _hooked(head)  # this path does not call the module: a head with hooks is called, in fp32
             and head_product_dtype(h.device, torch.get_autocast_dtype("cuda")) == torch.bfloat16
         ):
             return _head_bf16_products_fp32_logits(head, h)
