@@ -78,7 +78,7 @@ def _has_cuda_kernel(op: str) -> bool:
         return False
 
 
-# torch.mm(a, b, out_dtype=torch.float32): bf16 operands, the fp32 accumulator written out (CUDA builds, torch >= 2.8)
+# torch.mm(a, b, out_dtype=torch.float32): bf16 operands, the fp32 accumulator written out (CUDA builds; 2.11 has it)
 _MM_FP32_OUT_ON_CUDA = _has_cuda_kernel("aten::mm.dtype")
 
 
