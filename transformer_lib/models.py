@@ -414,7 +414,7 @@ class GPT(nn.Module):
         caches: list[KVCache] | None = None,
         attention_mask: Tensor | None = None,
         return_logits: bool = True,
-    ) -> tuple[Tensor, Tensor | None]:
+    ) -> tuple[Tensor | None, Tensor | None]:
         """Logits for every position and, given ``targets`` (B, T), the mean cross-entropy.
 
         Targets equal to -100 are ignored. ``caches`` (from :meth:`new_caches`) hold the
@@ -440,7 +440,7 @@ class GPT(nn.Module):
                 f"got shape {tuple(targets.shape)} and dtype {targets.dtype}"
             )
         loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten().long(), ignore_index=-100)
-        return (logits if return_logits else None), loss  # type: ignore[return-value]  # None: asked for
+        return (logits if return_logits else None), loss
 
     def new_caches(self) -> list[KVCache]:
         """One empty key/value cache per block."""
