@@ -52,10 +52,10 @@ from transformer_lib.notebook.benchmark import (
     gpt_step_bytes,
     gpt_step_parts,
     gpt_tiny_step,
+    library_step_products,
     op_time_shares,
     products_as_called,
     step_parts,
-    step_products,
     synced,
     train_side_by_side,
     train_step_bound,
@@ -99,14 +99,12 @@ def race(args: argparse.Namespace, device: torch.device, low: torch.dtype | None
     counted = sum(2 * m * k * n for m, k, n in blocks + head)
     if counted != flops:
         print(f"note: the shapes hold {counted / 1e9:.3f} GFLOP, the counter {flops / 1e9:.3f}")
+    products = library_step_products(blocks, head, low, device)  # the step's products in the library's precisions
     if low is None:
-        products = step_products(blocks + head, device=device)
         how = "every product in fp32"
-    elif head_product_dtype(device, low) == torch.float32:  # the blocks' products in low precision, the head's in fp32
-        products = step_products(blocks, low, device, fp32_shapes=head)
+    elif head_product_dtype(device, low) == torch.float32:
         how = f"the blocks' products in {name}, the output head's in fp32"
     else:  # a CUDA GPU under bf16: the head, too, multiplies bf16 operands (its logits fp32)
-        products = step_products(blocks + head, low, device)
         how = f"every product in {name} (the output head's logits in fp32)"
     fp32_rate = flops / train_step_bound(blocks + head, device=device)  # for attention's products, below
     g = torch.Generator().manual_seed(args.seed)

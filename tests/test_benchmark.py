@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from transformer_lib import GPT, GPTConfig
+from transformer_lib.notebook import benchmark
 from transformer_lib.notebook.benchmark import (
     ReferenceGPT,
     copy_bytes_per_second,
@@ -20,6 +21,7 @@ from transformer_lib.notebook.benchmark import (
     gpt_step_bytes,
     gpt_step_parts,
     gpt_tiny_step,
+    library_step_products,
     matmul_flops_per_second,
     mean_loss,
     op_time_shares,
@@ -416,6 +418,21 @@ def test_step_products_and_the_bound_run_each_product_once(monkeypatch):
     seen.clear()
     assert train_step_bound(shapes, rounds=3) > 0
     assert len(seen) == 2 * (1 + 3)  # one warm-up run, then 3 timed rounds
+
+
+def test_library_step_products_multiply_the_head_as_the_library_does(monkeypatch):
+    blocks, head = [(8, 4, 6)], [(8, 4, 3)]
+    seen = []
+    real_matmul = torch.Tensor.__matmul__
+    monkeypatch.setattr(torch.Tensor, "__matmul__", lambda a, b: seen.append(a.dtype) or real_matmul(a, b))
+    for dtype, expected in ((None, [torch.float32] * 2), (torch.bfloat16, [torch.bfloat16, torch.float32])):
+        seen.clear()
+        library_step_products(blocks, head, dtype)()
+        assert seen == expected, dtype
+    monkeypatch.setattr(benchmark, "head_product_dtype", lambda device, dtype: torch.bfloat16)  # a CUDA GPU's rule
+    seen.clear()
+    library_step_products(blocks, head, torch.bfloat16)()
+    assert seen == [torch.bfloat16] * 2
 
 
 def test_step_parts_sorts_operators_into_the_parts_of_a_step():

@@ -35,6 +35,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .._validate import _validate_int
 from ..models import GPT
+from ..precision import head_product_dtype
 from ..training import TrainConfig, Trainer, clip_gradients, lr_at, make_optimizer
 from ..utils import best_time
 
@@ -478,6 +479,25 @@ def step_products(
             torch.cuda.synchronize()
 
     return run
+
+
+def library_step_products(
+    blocks: Sequence[tuple[int, int, int]],
+    head: Sequence[tuple[int, int, int]],
+    dtype: torch.dtype | None,
+    device: torch.device | str = "cpu",
+) -> Callable[[], None]:
+    """:func:`step_products` in the precisions the library's step multiplies in under autocast to ``dtype``.
+
+    None: every product in fp32. Otherwise the blocks' products in ``dtype`` and the output head's in
+    :func:`~transformer_lib.precision.head_product_dtype` (fp32, but bf16 on a CUDA GPU under bf16).
+    """
+    device = torch.device(device)
+    if dtype is None:
+        return step_products([*blocks, *head], device=device)
+    if head_product_dtype(device, dtype) == torch.float32:
+        return step_products(blocks, dtype, device, fp32_shapes=head)
+    return step_products([*blocks, *head], dtype, device)
 
 
 def train_step_bound(
