@@ -1,25 +1,28 @@
 """Independent training runs one after the other against side by side (``training.fit_together``).
 
 Trains ``--runs`` seeds of a small GPT (chapter 7's ablation size by default: 2 layers, d_model 64,
-batches of 16 x 64 characters) three ways, timing each: one after the other with PyTorch's default
-threads, one after the other with one thread, and side by side with ``fit_together``. Prints the
-seconds of each and checks that the side-by-side runs end with the same validation losses as the
-one-thread runs (``fit_together``'s promise). The last line reads
+batches of 16 x 64 characters) several ways, timing each: one after the other with PyTorch's default
+threads, one after the other with one thread, side by side with ``fit_together`` (in forked processes
+on Linux, in threads elsewhere) and, where it forks, side by side in threads as it trains elsewhere.
+Prints the seconds of each and checks that the side-by-side runs end with the same validation losses
+as the one-thread runs (``fit_together``'s promise). The last line reads
 
     speedup=<one after the other, default threads, over side by side> equal=<True|False>
 
     python benchmarks/fit_together.py
     python benchmarks/fit_together.py --d-model 64 --block-size 18 --batch-size 32 --runs 6   # chapter 4's size
+    python benchmarks/fit_together.py --n-layer 6 --d-model 32 --block-size 32 --runs 4   # chapter 5's size
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from unittest import mock
 
 import torch
 
-from transformer_lib import GPT, GPTConfig
+from transformer_lib import GPT, GPTConfig, training
 from transformer_lib.text import CharTokenizer, load_shakespeare, random_blocks, split_train_val
 from transformer_lib.training import TrainConfig, Trainer, fit_together
 
@@ -89,13 +92,20 @@ def main() -> None:
     default, _ = timed(lambda ts: [t.fit() for t in ts])
     single, single_losses = timed(one_thread)
     together, together_losses = timed(fit_together)
-    for name, seconds in (
+    rows = [
         ("one after the other, default threads", default),
         ("one after the other, one thread", single),
-        ("side by side (fit_together)", together),
-    ):
-        print(f"{name:38s} {seconds:6.2f} s")
-    print(f"speedup={default / together:.2f} equal={single_losses == together_losses}")
+        ("side by side (fit_together)" + (", processes" if training.can_fork() else ", threads"), together),
+    ]
+    equal = single_losses == together_losses
+    if training.can_fork():
+        with mock.patch.object(training, "can_fork", lambda: False):  # as on a platform without fork
+            in_threads, thread_losses = timed(fit_together)
+        rows.append(("side by side in threads", in_threads))
+        equal = equal and single_losses == thread_losses
+    for name, seconds in rows:
+        print(f"{name:40s} {seconds:6.2f} s")
+    print(f"speedup={default / together:.2f} equal={equal}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,10 @@
 import dataclasses
 import io
 import math
+import multiprocessing
+import os
 import re
+import signal
 import threading
 from unittest import mock
 
@@ -510,53 +513,85 @@ def _weights(t):
     return torch.cat([p.detach().flatten() for p in t.model.parameters()])
 
 
-def test_fit_together_equals_one_run_after_the_other(monkeypatch):
-    """Side by side in threads, each run ends exactly where it ends alone with one PyTorch thread: the same
-    weights, losses and callback calls, in the trainers' order."""
+def _one_thread_loss(model, batch):
+    """The default loss, refusing to run with more than one PyTorch thread (in a run's thread or process)."""
+    if torch.get_num_threads() != 1:
+        raise RuntimeError(f"a run trained with {torch.get_num_threads()} PyTorch threads")
+    return default_loss(model, batch)
+
+
+@pytest.fixture(params=["processes", "threads"])
+def side_by_side(request, monkeypatch):
+    """fit_together's two ways: forked processes (Linux) and threads (elsewhere), on two workers."""
+    monkeypatch.setattr(training.os, "cpu_count", lambda: 2)  # two workers even on a one-core machine
+    if request.param == "threads":
+        monkeypatch.setattr(training, "can_fork", lambda: False)
+    elif not training.can_fork():
+        pytest.skip("forked runs need Linux")
+    return request.param
+
+
+def test_fit_together_equals_one_run_after_the_other(side_by_side):
+    """Side by side, each run ends exactly where it ends alone with one PyTorch thread: the same weights,
+    optimizer state, losses, data generator and callback calls, in the trainers' order. The callback
+    sees the run's model, step and history at each evaluation, and what it does to the weights (here:
+    halve them at step 10) the run trains on, as when it runs inside ``fit``."""
+
+    def callback(t, log, index):
+        log.append((index, t.step, t.history.eval_steps[-1], t.model.training, torch.is_grad_enabled()))
+        if t.step == 10:
+            for p in t.model.parameters():
+                p.mul_(0.5)
+
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    alone_calls = []
     try:
-        alone = _runs()
-        for t in alone:
-            t.fit()
+        alone = [trainer(tiny_gpt(s, dropout=0.0), steps=15, seed=s, loss_fn=_one_thread_loss) for s in (0, 1, 2)]
+        for i, t in enumerate(alone):
+            t.fit(callback=lambda t, i=i: callback(t, alone_calls, i))
     finally:
         torch.set_num_threads(threads)
-    monkeypatch.setattr(training.os, "cpu_count", lambda: 2)  # two workers even on a one-core machine
-    together = _runs()
-    called, seen_threads = [], set()
-
-    def callback(t):
-        called.append((together.index(t), t.step))
-        seen_threads.add(torch.get_num_threads())
-
-    histories = training.fit_together(together, callback=callback)
-    assert torch.get_num_threads() == threads  # restored
-    assert seen_threads == {1}  # each run with one PyTorch thread
-    assert sorted(called) == [(i, s) for i in range(3) for s in (0, 10, 15)]
+    together = [trainer(tiny_gpt(s, dropout=0.0), steps=15, seed=s, loss_fn=_one_thread_loss) for s in (0, 1, 2)]
+    calls = []
+    histories = training.fit_together(together, callback=lambda t: callback(t, calls, together.index(t)))
+    assert torch.get_num_threads() == threads  # the caller's count, untouched or restored
+    assert sorted(calls) == alone_calls == [(i, s, s, False, False) for i in range(3) for s in (0, 10, 15)]
     for a, b, h in zip(alone, together, histories, strict=True):
-        assert h is b.history and b.step == 15
+        assert h is b.history and b.step == 15 and b.model.training  # the caller's mode
         assert torch.equal(_weights(a), _weights(b))
-        assert a.history.train_loss == b.history.train_loss and a.history.val_loss == b.history.val_loss
+        assert a.history == dataclasses.replace(b.history, train_seconds=a.history.train_seconds)
+        torch.testing.assert_close(b.optimizer.state_dict(), a.optimizer.state_dict(), rtol=0, atol=0)
+        assert torch.equal(a.generator.get_state(), b.generator.get_state())
 
 
-def test_fit_together_runs_in_threads_only_where_that_keeps_results_exact(monkeypatch):
-    """Threads only for several CPU workers, no dropout (it draws from the one global generator) and no compiling."""
+def test_fit_together_takes_processes_or_threads_only_where_that_keeps_results_exact(monkeypatch):
+    """Side by side only for several CPU workers, no dropout (it draws from the one global generator) and
+    no compiling; in processes where the platform forks, else in threads."""
     monkeypatch.setattr(training.os, "cpu_count", lambda: 2)
-    names = []
+    names, forked = [], []
     monkeypatch.setattr(
         Trainer, "fit", lambda self, callback=None: names.append(threading.current_thread().name) or self.history
     )
+    monkeypatch.setattr(training, "fit_in_processes", lambda runs, workers, callback: forked.append(len(runs)))
+    monkeypatch.setattr(training, "can_fork", lambda: True)
     training.fit_together(_runs(dropout=0.0))
-    assert all(n.startswith("fit_together") for n in names)
+    assert forked == [3] and names == []
+    monkeypatch.setattr(training, "can_fork", lambda: False)
+    training.fit_together(_runs(dropout=0.0))
+    assert len(names) == 3 and all(n.startswith("fit_together") for n in names)
     compiled = [trainer(tiny_gpt(seed, dropout=0.0), steps=15, seed=seed, compile=True) for seed in (0, 1, 2)]
-    for runs, workers in ((_runs(dropout=0.1), None), (_runs(), 1), (compiled, None)):
-        names.clear()
-        training.fit_together(runs, workers=workers)
-        assert names == ["MainThread"] * 3  # one after the other, in the caller's thread
+    for can in (True, False):
+        monkeypatch.setattr(training, "can_fork", lambda can=can: can)
+        for runs, workers in ((_runs(dropout=0.1), None), (_runs(), 1), (compiled, None)):
+            names.clear()
+            training.fit_together(runs, workers=workers)
+            assert names == ["MainThread"] * 3  # one after the other, in the caller's thread
+    assert forked == [3]
 
 
-def test_fit_together_raises_the_first_failure_after_every_run_ended(monkeypatch):
-    monkeypatch.setattr(training.os, "cpu_count", lambda: 2)
+def test_fit_together_raises_the_first_failure_after_every_run_ended(side_by_side):
+    """A callback that raises stops its run there; the others train to the end; then the error is raised."""
     runs = _runs(seeds=(0, 1, 2, 3))
 
     def callback(t):
@@ -566,6 +601,99 @@ def test_fit_together_raises_the_first_failure_after_every_run_ended(monkeypatch
     with pytest.raises(RuntimeError, match="run 1 failed"):
         training.fit_together(runs, callback=callback)
     assert [t.step for t in runs] == [15, 10, 15, 15]  # the others trained to the end
+    assert runs[1].history.eval_steps == [0, 10]
+
+
+def test_a_run_that_fails_in_its_process_raises_here_and_keeps_its_state(monkeypatch):
+    """A run's own error (here its batches, at the 8th call, in its process) comes back with its type and
+    message, and its trainer holds the state the run failed in; an error that cannot be pickled comes
+    back as a RuntimeError with its text; a process that dies names its exit code."""
+    if not training.can_fork():
+        pytest.skip("forked runs need Linux")
+    monkeypatch.setattr(training.os, "cpu_count", lambda: 2)
+
+    class Local(Exception):  # defined in a function: pickle cannot find it
+        pass
+
+    def failing(kind):
+        calls = []
+
+        def batches_until_failure(g):
+            calls.append(1)
+            if len(calls) == 8:  # training batches only: steps 0-6 train, the 8th step fails
+                if kind == "exit":
+                    os._exit(3)
+                raise (ValueError if kind == "value" else Local)(f"no batch at call {len(calls)}")
+            return batches(g)
+
+        run = trainer(tiny_gpt(9, dropout=0.0), steps=15, seed=9)
+        run.train_batches = batches_until_failure
+        return run
+
+    for kind, error, message in (
+        ("value", ValueError, "no batch at call 8"),
+        ("local", RuntimeError, "cannot be sent between processes(.|\n)*Local: no batch at call 8"),
+        ("exit", RuntimeError, "run 0 ended without a result \\(exit code 3\\)"),
+    ):
+        runs = [failing(kind), *_runs(seeds=(0, 1))]
+        with pytest.raises(error, match=message):
+            training.fit_together(runs)
+        assert [t.step for t in runs] == ([7, 15, 15] if kind != "exit" else [0, 15, 15])
+        if kind == "value":
+            assert runs[0].history.steps == [5]  # the one log before the failure came back with the state
+
+
+def test_an_interrupt_stops_the_runs_in_progress_and_starts_no_other(monkeypatch):
+    """Ctrl-C while fit_together waits: each run in progress stops after its current step and its trainer
+    holds that state (its weights moved, its history ends there); the runs not yet started stay at step 0;
+    no process is left behind."""
+    if not training.can_fork():
+        pytest.skip("forked runs need Linux")
+    monkeypatch.setattr(training.os, "cpu_count", lambda: 2)
+    runs = _runs(seeds=(0, 1, 2, 3), steps=100_000)
+    before = [_weights(t).clone() for t in runs]
+
+    def callback(t):
+        if t is runs[0] and t.step == 10:  # the runs are under way: interrupt this process, not theirs
+            threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+
+    with pytest.raises(KeyboardInterrupt):
+        training.fit_together(runs, callback=callback)
+    assert multiprocessing.active_children() == []
+    for t, w in zip(runs[:2], before[:2], strict=True):
+        assert 10 <= t.step < 100_000 and not torch.equal(_weights(t), w)
+        assert t.history.steps[-1] <= t.step and t.model.training
+    assert [t.step for t in runs[2:]] == [0, 0]
+
+
+def test_threads_on_an_interrupt_cancel_the_runs_not_started(monkeypatch):
+    """Without fork (threads): Ctrl-C while waiting cancels the runs not yet started, and the thread count is
+    restored."""
+    import concurrent.futures
+    import time
+
+    monkeypatch.setattr(training.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(training, "can_fork", lambda: False)
+    started, release = [], threading.Event()
+
+    def held_fit(self, callback=None):
+        started.append(self)
+        release.wait(10)
+        return self.history
+
+    def interrupt(self, timeout=None):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Trainer, "fit", held_fit)
+    monkeypatch.setattr(concurrent.futures.Future, "exception", interrupt)
+    threads = torch.get_num_threads()
+    runs = _runs(seeds=(0, 1, 2, 3, 4, 5))
+    with pytest.raises(KeyboardInterrupt):
+        training.fit_together(runs)
+    assert torch.get_num_threads() == threads
+    release.set()  # the runs in progress finish
+    time.sleep(0.5)
+    assert 0 < len(started) <= 2  # at most one per worker; the other four were cancelled
 
 
 def test_fit_together_rejects_what_is_not_independent_runs():
@@ -592,34 +720,6 @@ def test_clip_gradients_equals_pytorchs_per_tensor_clipping():
     torch.testing.assert_close(norm_a, norm_b)
     for p, q in zip(model_a.parameters(), model_b.parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad)
-
-
-def test_an_interrupt_cancels_the_runs_fit_together_has_not_started(monkeypatch):
-    """Ctrl-C while waiting: the runs not yet started never start, and the thread count is restored."""
-    import concurrent.futures
-    import time
-
-    monkeypatch.setattr(training.os, "cpu_count", lambda: 2)
-    started, release = [], threading.Event()
-
-    def held_fit(self, callback=None):
-        started.append(self)
-        release.wait(10)
-        return self.history
-
-    def interrupt(self, timeout=None):
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(Trainer, "fit", held_fit)
-    monkeypatch.setattr(concurrent.futures.Future, "exception", interrupt)
-    threads = torch.get_num_threads()
-    runs = _runs(seeds=(0, 1, 2, 3, 4, 5))
-    with pytest.raises(KeyboardInterrupt):
-        training.fit_together(runs)
-    assert torch.get_num_threads() == threads
-    release.set()  # the runs in progress finish
-    time.sleep(0.5)
-    assert 0 < len(started) <= 2  # at most one per worker; the other four were cancelled
 
 
 def test_a_clipped_step_equals_pytorchs_loop_to_the_last_bit():

@@ -147,21 +147,35 @@ def load_trainer(trainer: Trainer, path: str | os.PathLike, allow_config_change:
     in the file against ``trainer``, then, only if all is well, load it."""
     state = load_checkpoint(path)
     history = _validate_state(state, trainer, Path(path), allow_config_change)
-    trainer.model.load_state_dict(state["model"])
-    trainer.optimizer.load_state_dict(state["optimizer"])
-    cfg = trainer.config  # the optimizer's settings follow the trainer's config, not the file's
-    for group, decay in zip(trainer.optimizer.param_groups, (cfg.weight_decay, 0.0), strict=True):
-        group.update(betas=cfg.betas, weight_decay=decay)
-    if state["scaler"]:
-        trainer.scaler.load_state_dict(state["scaler"])  # a no-op where the scaler is off
-    trainer.step = state["step"]
-    trainer.generator.set_state(
-        state["rank_generators"][trainer.rank] if trainer.world_size > 1 else state["generator"]
-    )
+    generator = state["rank_generators"][trainer.rank] if trainer.world_size > 1 else state["generator"]
+    apply_trainer_state(trainer, state["model"], state["optimizer"], state["scaler"], state["step"], generator, history)
     torch.set_rng_state(state["torch_rng"])
     if state["cuda_rng"] and torch.cuda.is_available():
         for device, rng in enumerate(state["cuda_rng"][: torch.cuda.device_count()]):
             torch.cuda.set_rng_state(rng, device)
+
+
+def apply_trainer_state(
+    trainer: Trainer,
+    model: dict[str, Tensor],
+    optimizer: dict[str, Any],
+    scaler: dict[str, Any],
+    step: int,
+    generator: Tensor,
+    history: History,
+) -> None:
+    """Put a state already known to fit into ``trainer``: its weights, optimizer, loss scaler, step, data
+    generator and history (not PyTorch's global generators). :func:`load_trainer` calls it after its
+    checks; ``fit_together`` with the state a run's own process trained."""
+    trainer.model.load_state_dict(model)
+    trainer.optimizer.load_state_dict(optimizer)
+    cfg = trainer.config  # the optimizer's settings follow the trainer's config, not the file's
+    for group, decay in zip(trainer.optimizer.param_groups, (cfg.weight_decay, 0.0), strict=True):
+        group.update(betas=cfg.betas, weight_decay=decay)
+    if scaler:
+        trainer.scaler.load_state_dict(scaler)  # a no-op where the scaler is off
+    trainer.step = step
+    trainer.generator.set_state(generator)
     trainer.history = history
     trainer._reset_nonfinite()
 

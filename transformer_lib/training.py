@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from torch import distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from ._forked import can_fork, fit_in_processes
 from ._validate import _validate_int, _validate_real
 from .attention import MultiHeadAttention
 from .checkpoint import CHECKPOINT_FORMAT as CHECKPOINT_FORMAT  # re-exported: it was defined here
@@ -483,22 +484,34 @@ def fit_together(
     """Train independent runs (seeds, the rows of an ablation) side by side on a CPU's cores.
 
     A small model cannot use a CPU's cores: its matrix products are too small to share out, and a
-    second PyTorch thread on them gains little. Separate runs can: each trains in its own Python
-    thread with one PyTorch thread, and the threads run at once because PyTorch releases Python's
-    lock inside its operators. ``workers`` threads (default: one per core) take the trainers in
-    order; each calls ``trainer.fit(callback=callback)`` (so ``callback(trainer)`` runs in that
-    trainer's thread after each of its evaluations). Returns the histories, in the trainers' order.
+    second PyTorch thread on them gains little. Separate runs can: ``workers`` runs at a time (default:
+    one per core), each with one PyTorch thread, taken in the trainers' order. On Linux each run trains
+    in a forked copy of this process (``transformer_lib._forked``): threads of one process would share
+    Python's lock, which a small model's step takes at every operator (chapter 5's 6-layer runs took
+    1.4x as long per step in two threads as alone), while a process trains at its core's full speed.
+    Elsewhere (macOS, Windows) each run trains in a thread of this process. Either way the call is
+    ``trainer.fit(callback=callback)``, and ``callback(trainer)`` runs after each of a run's
+    evaluations, in eval mode without gradients; with processes it runs here, in the calling thread,
+    while the run waits, on the trainer holding the run's weights, step and history of that moment,
+    and the run goes on from the weights as the callback left them. Returns the histories, in the
+    trainers' order; each trainer ends holding its run's weights, optimizer state, step, data
+    generator and history.
 
     The result is exactly that of ``trainer.fit(callback=callback)`` one after the other with
-    ``torch.set_num_threads(1)`` (tested), because each run only draws from its own generator. That
-    is why the trainers train one after the other instead, in the current thread count, when any of
-    their models has active dropout (its masks come from PyTorch's one global generator, which the
-    threads would share in an order that changes from run to run), when any trainer is not on the
+    ``torch.set_num_threads(1)`` (tested, both ways), because each run only draws from its own
+    generator. That is why the trainers train one after the other instead, in the current thread count,
+    when any of their models has active dropout (its masks come from PyTorch's one global generator, which
+    the runs would share in an order that changes from run to run), when any trainer is not on the
     CPU (a GPU serves one run at a time anyway), compiles (``TrainConfig.compile``: compilation is not
     made for threads), or trains under ``torchrun`` (its processes already share out the machine),
-    or with one worker. If runs fail, the first failing trainer's exception is raised once every run
-    has ended. An interrupt (Ctrl-C, Jupyter's stop button) cancels the runs not yet started; those
-    in progress finish their ``fit`` in the background. Speed: ``benchmarks/fit_together.py``.
+    or with one worker. In a forked run, what the batch or loss functions change outside the trainer (an
+    iterator they advance, a list they fill) changes in the run's copy of this process, not here.
+
+    If runs fail, the first failing trainer's exception is raised once every run has ended; a failed
+    run's trainer holds the state it failed in. An interrupt (Ctrl-C, Jupyter's stop button) starts no
+    further run; with processes each run in progress stops after its current step and its trainer keeps
+    that state, with threads those in progress finish their ``fit`` in the background. Speed:
+    ``benchmarks/fit_together.py``.
 
     Defined in chapter 4, Positional encoding.
     """
@@ -520,6 +533,8 @@ def fit_together(
     )
     if not side_by_side:
         return [t.fit(callback=callback) for t in trainers]
+    if can_fork():
+        return fit_in_processes(trainers, workers, callback)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one PyTorch thread per run: the runs, not the products, share the cores
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fit_together")
