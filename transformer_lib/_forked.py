@@ -87,19 +87,19 @@ def _train_in_child(trainer: Trainer, conn: Connection, with_callback: bool) -> 
         trainer.fit(callback=report if with_callback else None)
     except BaseException as e:  # an interrupt too: the state so far still goes back
         error = e
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second interrupt must not stop the state on its way
-    state = (
-        trainer.model.state_dict(),
-        trainer.optimizer.state_dict(),
-        trainer.scaler.state_dict(),
-        trainer.step,
-        trainer.generator.get_state(),
-        trainer.history,
-    )
     try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second interrupt must not stop the state on its way
+        state = (
+            trainer.model.state_dict(),
+            trainer.optimizer.state_dict(),
+            trainer.scaler.state_dict(),
+            trainer.step,
+            trainer.generator.get_state(),
+            trainer.history,
+        )
         conn.send_bytes(_dumps(("end", state, None if isinstance(error, _StopRun) else _sendable(error))))
         conn.close()
-    finally:
+    finally:  # whatever happened: the caller reads an end, or end of file
         os._exit(0)  # not Python's exit: no atexit handler, no flush of output this process copied at the fork
 
 

@@ -505,7 +505,8 @@ def fit_together(
     CPU (a GPU serves one run at a time anyway), compiles (``TrainConfig.compile``: compilation is not
     made for threads), or trains under ``torchrun`` (its processes already share out the machine),
     or with one worker. In a forked run, what the batch or loss functions change outside the trainer (an
-    iterator they advance, a list they fill) changes in the run's copy of this process, not here.
+    iterator they advance, a list they fill) changes in the run's copy of this process, not here, and
+    what they print is not shown: the callback, which runs here, is the place for both.
 
     If runs fail, the first failing trainer's exception is raised once every run has ended; a failed
     run's trainer holds the state it failed in. An interrupt (Ctrl-C, Jupyter's stop button) starts no
