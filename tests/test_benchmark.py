@@ -644,6 +644,20 @@ def test_fit_together_script_reports_equal_results_and_a_speedup():
 
 
 @pytest.mark.benchmark
+def test_explore_pictures_script_reports_the_same_pictures_and_a_speedup():
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "explore_pictures.py"), "--frames", "3", "--repeats", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    match = re.fullmatch(r"speedup=(\d+\.\d+) equal=(True|False)", out.stdout.strip().splitlines()[-1])
+    assert match and float(match[1]) > 0 and match[2] == "True", out.stdout
+
+
+@pytest.mark.benchmark
 def test_mfu_script_prints_each_engines_rate_over_the_peak(tmp_path):
     """On a CPU with a stated peak: every row's MFU is its TFLOP/s over that peak, and the last line gives both."""
     lines = script_lines(

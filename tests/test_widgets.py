@@ -8,9 +8,12 @@ saved into the page (``ipywidgets.embed.embed_data``) and follow them by hand.
 
 from __future__ import annotations
 
+import ast
 import itertools
 import math
+import os
 import re
+import tempfile
 from collections import Counter
 from types import SimpleNamespace
 
@@ -51,14 +54,31 @@ def _clean(monkeypatch):
 
 
 class Recorder:
-    """A cheap ``draw``: a small matplotlib figure labelled with its arguments; records every call."""
+    """A cheap ``draw``: a small matplotlib figure labelled with its arguments; records every call and the
+    process that made it, in a file, since the book build may draw in forked processes."""
+
+    directory: str | None = None  # set for the module by the fixture below; pytest removes it
 
     def __init__(self) -> None:
-        self.calls: list[tuple] = []
+        fd, self._log = tempfile.mkstemp(prefix="recorder-", suffix=".txt", dir=self.directory)
+        os.close(fd)
+
+    def _entries(self) -> list[tuple[tuple, int]]:
+        with open(self._log) as f:
+            return [ast.literal_eval(line) for line in f]
+
+    @property
+    def calls(self) -> list[tuple]:
+        return [combo for combo, _ in self._entries()]
+
+    @property
+    def pids(self) -> list[int]:
+        return [pid for _, pid in self._entries()]
 
     def __call__(self, **values):
         combo = tuple(values[name] for name in CONTROLS)
-        self.calls.append(combo)
+        with open(self._log, "a") as f:  # one short line: appended whole, whichever process writes it
+            f.write(repr((combo, os.getpid())) + "\n")
         fig, ax = plt.subplots(figsize=(1, 1))
         ax.plot([0, 1], [0, values["scale"]])
         ax.set_title(_label(combo), fontsize=4)  # every combination a different picture
@@ -66,8 +86,25 @@ class Recorder:
         return fig
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _recorder_directory(tmp_path_factory):
+    Recorder.directory = str(tmp_path_factory.mktemp("recorder"))
+
+
 def _label(combo: tuple) -> str:
     return "frame " + " ".join(map(str, combo))
+
+
+@pytest.fixture(params=["processes", "here"])
+def drawing(request, monkeypatch) -> str:
+    """The book build's pictures drawn side by side in three processes (Linux), or all in this one."""
+    if request.param == "processes":
+        if not widgets.can_fork():
+            pytest.skip("forked processes need Linux")
+        monkeypatch.setattr(widgets.os, "cpu_count", lambda: 3)
+    else:
+        monkeypatch.setattr(widgets, "can_fork", lambda: False)
+    return request.param
 
 
 @pytest.fixture
@@ -146,7 +183,7 @@ def _shown(box: ipywidgets.VBox, follow_links: bool) -> str:
 # ---------------------------------------------------------------- book mode (precomputed)
 
 
-def test_book_mode_draws_every_combination_exactly_once(labelled_frames) -> None:
+def test_book_mode_draws_every_combination_exactly_once(labelled_frames, drawing) -> None:
     draw = Recorder()
     widgets.explore(draw, CONTROLS, live=False)
     assert len(draw.calls) == math.prod(len(v) for v in CONTROLS.values()) == 12
@@ -154,7 +191,7 @@ def test_book_mode_draws_every_combination_exactly_once(labelled_frames) -> None
     assert plt.get_fignums() == [], "figures of the frames left open"
 
 
-def test_book_mode_frames_are_inline_pngs() -> None:
+def test_book_mode_frames_are_inline_pngs(drawing) -> None:
     draw = Recorder()
     box = widgets.explore(draw, {"heads": [1, 2], "scale": [1.0], "mask": ["none"]}, live=False)
     leaves = [c for _, s in _stacks(_root_stack(box)) for c in s.children if isinstance(c, ipywidgets.HTML)]
@@ -166,6 +203,45 @@ def test_book_mode_frames_are_inline_pngs() -> None:
     assert leaves[0].value != leaves[1].value, "the two frames are the same picture"
     assert plt.get_fignums() == []
     assert box.children[-1].value == widgets.PRECOMPUTED_NOTE  # the reader is told the views are precomputed
+
+
+def test_pictures_drawn_side_by_side_are_those_drawn_here_the_last_one_here(monkeypatch) -> None:
+    """In the book build on Linux the pictures are drawn in forked processes, one per core; they are the
+    same pictures, to the byte, and the last is drawn here (what drawing leaves behind is the loop's)."""
+    if not widgets.can_fork():
+        pytest.skip("forked processes need Linux")
+    monkeypatch.setattr(widgets.os, "cpu_count", lambda: 2)
+    names = list(CONTROLS)
+    draw = Recorder()
+    side_by_side = widgets._pictures(draw, names, COMBOS)
+    assert Counter(draw.calls) == Counter(COMBOS)
+    drawn_by = dict(zip(draw.calls, draw.pids, strict=True))  # the log interleaves the processes' lines
+    assert len(set(draw.pids)) == 2 and drawn_by[COMBOS[-1]] == os.getpid()
+    monkeypatch.setattr(widgets, "can_fork", lambda: False)
+    here = Recorder()
+    assert widgets._pictures(here, names, COMBOS) == side_by_side
+    assert set(here.pids) == {os.getpid()}
+    assert plt.get_fignums() == []
+
+
+def test_pictures_are_drawn_here_while_cuda_is_in_use(monkeypatch) -> None:
+    """A forked process must not touch CUDA: once this process has, every picture is drawn here."""
+    monkeypatch.setattr(widgets.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    draw = Recorder()
+    widgets.explore(draw, CONTROLS, live=False)
+    assert draw.calls == COMBOS and set(draw.pids) == {os.getpid()}
+
+
+def test_an_error_in_draw_comes_out_of_explore_with_its_type(drawing) -> None:
+    def draw(heads: int, scale: float, mask: str):
+        if (heads, scale, mask) == (1, 1.0, "none"):  # in the first of the three shares
+            raise ValueError(f"cannot draw heads={heads}, scale={scale}, mask={mask!r}")
+        return Recorder()(heads=heads, scale=scale, mask=mask)
+
+    with pytest.raises(ValueError, match="cannot draw heads=1, scale=1.0, mask='none'"):
+        widgets.explore(draw, CONTROLS, live=False)
+    assert plt.get_fignums() == [] or drawing == "here"  # drawing here stops at the failing picture
 
 
 def test_book_mode_layout_one_control_per_entry_and_nested_stacks(labelled_frames) -> None:
@@ -184,7 +260,7 @@ def test_book_mode_layout_one_control_per_entry_and_nested_stacks(labelled_frame
     assert len(stacks) == 1 + 2 + 6
 
 
-def test_initial_view_shows_the_initial_values(labelled_frames) -> None:
+def test_initial_view_shows_the_initial_values(labelled_frames, drawing) -> None:
     initial = {"scale": 2.0, "mask": "none"}  # heads: default, the first value
     box = widgets.explore(Recorder(), CONTROLS, initial=initial, live=False)
     assert {name: c.value for name, c in _controls(box).items()} == {"heads": 1, "scale": 2.0, "mask": "none"}
@@ -214,7 +290,7 @@ def test_every_stack_is_jslinked_to_its_control(labelled_frames) -> None:
         assert source is controls[depth], f"stack at depth {depth} linked to {source.description!r}"
 
 
-def test_changing_a_control_selects_the_matching_frame(labelled_frames) -> None:
+def test_changing_a_control_selects_the_matching_frame(labelled_frames, drawing) -> None:
     """For every combination: set the controls' values in Python, follow the links, see that picture."""
     box = widgets.explore(Recorder(), CONTROLS, live=False)
     controls = _controls(box)

@@ -28,7 +28,8 @@ Two layers. The core is tensors in, tensors out, one module per idea:
 - ``utils``: device, seeds, parameter counts, timing, eval mode
 - ``_validate``: the input checks every entry point runs once
 - ``_eager``: the checks that read values, marked to run eagerly under torch.compile (imported only then)
-- ``_forked``: ``fit_together``'s runs, each in a forked process on Linux, its state sent back
+- ``_forked``: ``fit_together``'s runs, each in a forked process on Linux, its state sent back; the
+  book build's ``explore`` pictures, drawn the same way
 
 The notebook layer, ``transformer_lib.notebook``, holds what only the chapters need (exercise
 checkers, widgets, attention views, plots, the speed race, the classroom grader); the core never

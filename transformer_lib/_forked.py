@@ -1,4 +1,4 @@
-"""Independent training runs, each in a forked copy of this process: ``fit_together``'s way on Linux.
+"""Work in forked copies of this process: ``fit_together``'s runs and the book's precomputed pictures, on Linux.
 
 Threads in one process share Python's lock, which a small model's step takes and gives back at every
 operator; with two runs at once each step of chapter 5's 6-layer model took 1.4x as long as alone.
@@ -7,6 +7,9 @@ starts as a copy of this process (its model, its batch and loss functions, their
 with one PyTorch thread, and sends back what its trainer holds: weights, optimizer, step, data
 generator, history. The ``callback`` runs here, in the calling thread: after each evaluation the run
 sends its weights, step and history, waits, and takes back the weights as the callback left them.
+
+``map_in_processes`` is the same idea for any list of calls (``explore``'s pictures in the book build):
+the first items in forked processes, the last ones here, their results sent back.
 
 Only where ``fork`` is safe and cheap (Linux), and only for trainers ``fit_together`` would run in
 threads (CPU, one process, no compile, no dropout).
@@ -25,7 +28,7 @@ from dataclasses import replace
 from multiprocessing import get_context
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import torch
 
@@ -33,6 +36,9 @@ from .checkpoint import apply_trainer_state
 
 if TYPE_CHECKING:
     from .training import History, Trainer
+
+Item = TypeVar("Item")
+Result = TypeVar("Result")
 
 # How long an interrupted run may take to finish its step and send its state before it is killed.
 STOP_SECONDS = 10.0
@@ -229,3 +235,75 @@ def _stop(running: dict[Connection, _Run], errors: dict[int, BaseException]) -> 
                 _answer(running[cast(Connection, ready)], None, errors, running, stopping=True)
     finally:
         watchdog.cancel()
+
+
+def _map_in_child(fn: Callable[[Any], Any], items: Sequence[Any], conn: Connection) -> None:
+    """The body of one of ``map_in_processes``'s processes: ``fn`` of each item, then the results or the error."""
+    try:
+        torch.set_num_threads(1)
+        try:
+            data = _dumps(("ok", [fn(item) for item in items]))
+        except BaseException as e:  # the first failing call's error, as a loop here would raise it
+            data = _dumps(("error", _sendable(e)))
+        conn.send_bytes(data)
+        conn.close()
+    finally:
+        os._exit(0)  # as a run's process ends: no atexit handler, no flush of output copied at the fork
+
+
+def map_in_processes(fn: Callable[[Item], Result], items: Sequence[Item], workers: int) -> list[Result]:
+    """``[fn(item) for item in items]``, computed by ``workers`` processes side by side, one PyTorch thread each.
+
+    The items are cut into ``workers`` consecutive shares. Each share but the last goes to a forked copy of
+    this process, which sends its results back (through ``torch.save``, so they must pickle); the last
+    share is computed here, last item last, so that what ``fn`` leaves behind in this process (a seed it
+    set, a module it put in eval mode) is what the plain loop would leave. What ``fn`` changes or prints
+    in a forked process stays there. If calls fail, the error of the first failing item is raised, with
+    its type and message (as a RuntimeError with its traceback where it cannot be sent between
+    processes); a process that dies without a result raises RuntimeError. Only on Linux (``can_fork``),
+    and only with functions that do not use a GPU: a forked process must not touch CUDA.
+    """
+    items = list(items)
+    workers = max(1, min(workers, len(items)))
+    size, extra = divmod(len(items), workers)
+    bounds = [i * size + min(i, extra) for i in range(workers + 1)]  # share i: items[bounds[i]:bounds[i + 1]]
+    fork = get_context("fork")
+    children: list[tuple[BaseProcess, Connection]] = []
+    threads = torch.get_num_threads()
+    try:
+        for i in range(workers - 1):
+            conn, child_conn = fork.Pipe(duplex=False)
+            process: BaseProcess = fork.Process(
+                target=_map_in_child, args=(fn, items[bounds[i] : bounds[i + 1]], child_conn), daemon=True
+            )
+            process.start()
+            child_conn.close()  # this process keeps its end only, so that the child's exit reads as end of file
+            children.append((process, conn))
+        torch.set_num_threads(1)  # the processes, not the products, share the cores
+        error: BaseException | None = None
+        try:
+            here = [fn(item) for item in items[bounds[-2] :]]
+        except Exception as e:  # raised below unless an earlier share failed first
+            error, here = e, []
+        results: list[Any] = []
+        for i, (child, conn) in enumerate(children):
+            try:
+                status, value = _loads(conn.recv_bytes())
+            except EOFError:
+                child.join()
+                raise RuntimeError(
+                    f"the process computing items {bounds[i]} to {bounds[i + 1] - 1} ended without a result "
+                    f"(exit code {child.exitcode})"
+                ) from None
+            if status == "error":
+                raise value
+            results += value
+        if error is not None:
+            raise error
+        return results + here
+    finally:
+        torch.set_num_threads(threads)
+        for child, conn in children:  # each has sent its result, or is no longer wanted (an error, an interrupt)
+            child.kill()
+            child.join()
+            conn.close()
