@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import sys
 import time
 
 import pytest
@@ -107,3 +108,17 @@ def test_an_interrupt_here_stops_the_other_processes_at_once() -> None:
         map_in_processes(slow_there, range(4), 2)
     assert time.perf_counter() - start < 10
     assert multiprocessing.active_children() == []
+
+
+def test_what_a_forked_process_prints_goes_nowhere(capfd) -> None:
+    """Its streams are copies of this process's, which in a Jupyter kernel are the kernel's (a thread,
+    locks and sockets a forked copy must not use): a forked process writes to the null device."""
+
+    def loud(x: int) -> int:
+        print(f"item {x}", flush=True)
+        print(f"note {x}", file=sys.stderr, flush=True)  # as a warning is shown
+        return x
+
+    assert map_in_processes(loud, range(4), 2) == [0, 1, 2, 3]
+    out, err = capfd.readouterr()
+    assert (out, err) == ("item 2\nitem 3\n", "note 2\nnote 3\n"), (out, err)  # the last share, computed here

@@ -604,6 +604,25 @@ def test_fit_together_raises_the_first_failure_after_every_run_ended(side_by_sid
     assert runs[1].history.eval_steps == [0, 10]
 
 
+def test_what_a_forked_run_prints_goes_nowhere(monkeypatch, capfd):
+    """A forked run's streams are copies of this process's (in a Jupyter kernel, the kernel's machinery,
+    which a forked copy must not use): what its batch function prints goes to the null device."""
+    if not training.can_fork():
+        pytest.skip("forked runs need Linux")
+    monkeypatch.setattr(training.os, "cpu_count", lambda: 2)
+    runs = _runs(seeds=(0, 1))
+    for i, run in enumerate(runs):
+
+        def loud_batches(g, i=i):
+            print(f"a batch of run {i}", flush=True)
+            return batches(g)
+
+        run.train_batches = loud_batches
+    training.fit_together(runs)
+    assert [t.step for t in runs] == [15, 15]
+    assert capfd.readouterr() == ("", "")
+
+
 def test_a_run_that_fails_in_its_process_raises_here_and_keeps_its_state(monkeypatch):
     """A run's own error (here its batches, at the 8th call, in its process) comes back with its type and
     message, and its trainer holds the state the run failed in; an error that cannot be pickled comes

@@ -76,6 +76,12 @@ def _sendable(error: BaseException | None) -> BaseException | None:
         return RuntimeError(f"a run failed with an error that cannot be sent between processes:\n{text}")
 
 
+def _silence() -> None:
+    """In a forked process: what Python prints or warns goes nowhere. This process's streams may be a
+    Jupyter kernel's, whose machinery (a thread, its locks and sockets) a forked copy must not use."""
+    sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115 (open until the process ends)
+
+
 def _train_in_child(trainer: Trainer, conn: Connection, with_callback: bool) -> None:
     """The body of a run's process: train, then send the trainer's state and the error, if any."""
     torch.set_num_threads(1)  # the runs, not the products, share the cores
@@ -90,6 +96,7 @@ def _train_in_child(trainer: Trainer, conn: Connection, with_callback: bool) -> 
 
     error: BaseException | None = None
     try:
+        _silence()
         trainer.fit(callback=report if with_callback else None)
     except BaseException as e:  # an interrupt too: the state so far still goes back
         error = e
@@ -240,6 +247,7 @@ def _stop(running: dict[Connection, _Run], errors: dict[int, BaseException]) -> 
 def _map_in_child(fn: Callable[[Any], Any], items: Sequence[Any], conn: Connection) -> None:
     """The body of one of ``map_in_processes``'s processes: ``fn`` of each item, then the results or the error."""
     try:
+        _silence()
         torch.set_num_threads(1)
         try:
             data = _dumps(("ok", [fn(item) for item in items]))
@@ -257,11 +265,12 @@ def map_in_processes(fn: Callable[[Item], Result], items: Sequence[Item], worker
     The items are cut into ``workers`` consecutive shares. Each share but the last goes to a forked copy of
     this process, which sends its results back (through ``torch.save``, so they must pickle); the last
     share is computed here, last item last, so that what ``fn`` leaves behind in this process (a seed it
-    set, a module it put in eval mode) is what the plain loop would leave. What ``fn`` changes or prints
-    in a forked process stays there. If calls fail, the error of the first failing item is raised, with
-    its type and message (as a RuntimeError with its traceback where it cannot be sent between
-    processes); a process that dies without a result raises RuntimeError. Only on Linux (``can_fork``),
-    and only with functions that do not use a GPU: a forked process must not touch CUDA.
+    set, a module it put in eval mode) is what the plain loop would leave. What ``fn`` changes in a
+    forked process stays there, and what it prints there is not shown. If calls fail, the error of the
+    first failing item is raised, with its type and message (as a RuntimeError with its traceback where
+    it cannot be sent between processes); a process that dies without a result raises RuntimeError.
+    Only on Linux (``can_fork``), and only with functions that do not use a GPU: a forked process must
+    not touch CUDA.
     """
     items = list(items)
     workers = max(1, min(workers, len(items)))
