@@ -72,7 +72,7 @@ def _pictures(draw: Callable[..., Any], names: list[str], combos: list[tuple]) -
     Linux, unless CUDA is in use (a forked process must not touch it), the pictures are drawn side by
     side, one process per core (``map_in_processes``): the last ones here, the others in forked copies
     of this process, which send them back. ``benchmarks/explore_pictures.py`` times both ways: on a 2-core
-    CPU, chapter 6's 13 frames draw 1.8-2x as fast side by side, the same pictures to the byte.
+    CPU, 13 frames shaped like chapter 6's drew 1.8-2x as fast side by side, the same pictures to the byte.
     """
     import torch
 
