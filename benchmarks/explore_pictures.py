@@ -10,7 +10,7 @@ pictures are the same bytes. The last line reads
     speedup=<one after the other over side by side, best of each> equal=<True|False>
 
     python benchmarks/explore_pictures.py
-    python benchmarks/explore_pictures.py --frames 40   # chapter 1's 40 views
+    python benchmarks/explore_pictures.py --frames 48   # chapter 1's 48 views
 """
 
 from __future__ import annotations
