@@ -629,28 +629,22 @@ def test_gpt_tiny_step_rejects_bad_input(kwargs, error):
 
 
 @pytest.mark.benchmark
-def test_fit_together_script_reports_equal_results_and_a_speedup():
-    root = Path(__file__).resolve().parents[1]
-    args = ["--runs", "2", "--steps", "10", "--d-model", "16", "--block-size", "8", "--batch-size", "4"]
-    out = subprocess.run(
-        [sys.executable, str(root / "benchmarks" / "fit_together.py"), *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert out.returncode == 0, out.stderr
-    match = re.fullmatch(r"speedup=(\d+\.\d+) equal=(True|False)", out.stdout.strip().splitlines()[-1])
-    assert match and float(match[1]) > 0 and match[2] == "True", out.stdout
-
-
-@pytest.mark.benchmark
-def test_explore_pictures_script_reports_the_same_pictures_and_a_speedup():
+@pytest.mark.parametrize(
+    "script, args",
+    [
+        (
+            "fit_together.py",
+            ["--runs", "2", "--steps", "10", "--d-model", "16", "--block-size", "8", "--batch-size", "4"],
+        ),
+        ("explore_pictures.py", ["--frames", "3", "--repeats", "1"]),
+    ],
+)
+def test_side_by_side_scripts_report_equal_results_and_a_speedup(script, args):
+    """fit_together.py (training runs) and explore_pictures.py (the book's pictures): one after the other
+    against side by side, ending with ``speedup=<x> equal=True``."""
     root = Path(__file__).resolve().parents[1]
     out = subprocess.run(
-        [sys.executable, str(root / "benchmarks" / "explore_pictures.py"), "--frames", "3", "--repeats", "1"],
-        capture_output=True,
-        text=True,
-        timeout=300,
+        [sys.executable, str(root / "benchmarks" / script), *args], capture_output=True, text=True, timeout=300
     )
     assert out.returncode == 0, out.stderr
     match = re.fullmatch(r"speedup=(\d+\.\d+) equal=(True|False)", out.stdout.strip().splitlines()[-1])
