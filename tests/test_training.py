@@ -495,6 +495,27 @@ def test_compiled_training_follows_the_eager_run_and_saves_plain_weights(tmp_pat
     torch.testing.assert_close(resumed.model.state_dict(), compiled.model.state_dict())
 
 
+@pytest.mark.slow
+def test_a_gpt_compiled_block_by_block_traces_one_block_and_trains_as_the_eager_one():
+    """Regional compilation, as chapter 8's compiled race does it: ``block.compile()`` on each block, in place.
+    The blocks run the same code on weights of the same shapes, so one traced graph serves all of them (what
+    the chapter tells), and the steps give the eager steps' losses and weights up to the fused kernels' rounding."""
+    eager, regional = tiny_gpt(dropout=0.0, n_layers=3), tiny_gpt(dropout=0.0, n_layers=3)
+    for block in regional.blocks:
+        block.compile()
+    runs = [trainer(model, steps=5, amp=False) for model in (eager, regional)]
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    g = torch.Generator().manual_seed(0)
+    for _ in range(5):
+        batch = batches(g)
+        losses = [run.train_step(batch).item() for run in runs]
+        assert losses[1] == pytest.approx(losses[0], rel=1e-5)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1  # three blocks, one graph
+    for (name, a), b in zip(eager.state_dict().items(), regional.state_dict().values(), strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5, msg=name)  # and the state's names are the model's
+
+
 def test_the_update_is_fused_on_one_cpu_process():
     """make_optimizer fuses AdamW's update on a device (one process here); under DDP on a CPU it does not
     (asserted inside the torchrun worker of test_distributed.py)."""
