@@ -377,6 +377,26 @@ def test_a_compiled_reference_trains_as_the_eager_one():
     assert compiled.ours_val_loss == pytest.approx(eager.ours_val_loss, rel=1e-6)
 
 
+def test_mean_loss_evaluates_a_model_compiled_in_place_eagerly_and_without_gradients():
+    """Evaluation compiles nothing (a compiled block would otherwise be compiled again, for eval mode) and
+    records no autograd graph; the loss is the eager model's, and the model goes back to training mode."""
+    ours, _ = pair()
+    val = [random_blocks(DATA, 2, 16, torch.Generator().manual_seed(i)) for i in range(2)]
+    expected = mean_loss(ours, val)
+    for block in ours.blocks:
+        block.compile()
+    ours.train()
+    grad_enabled = []
+    ours.register_forward_pre_hook(lambda module, args: grad_enabled.append(torch.is_grad_enabled()))
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    assert mean_loss(ours, val) == expected
+    assert not torch._dynamo.utils.counters["stats"]["unique_graphs"] and grad_enabled == [False, False]
+    assert ours.training
+    ours(*val[0])  # outside mean_loss the blocks run compiled again
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+
+
 def test_side_by_side_times_alongside_in_the_same_rotation():
     """``alongside`` runs once per step, taking every place in the order in turn; its median is reported."""
     ours, ref = pair()

@@ -177,11 +177,16 @@ class SideBySide:
 
 @torch.no_grad()
 def mean_loss(model: nn.Module, batches: Sequence[tuple[Tensor, Tensor]]) -> float:
-    """Mean loss of ``model(x, y)[1]`` over ``batches``, in eval mode and fp32."""
+    """Mean loss of ``model(x, y)[1]`` over ``batches``, in eval mode and fp32, and eagerly: a model compiled
+    in place (chapter 8 compiles each block, ``block.compile()``) is not compiled again for evaluation, as
+    the :class:`Trainer` evaluates its model uncompiled."""
     was_training = model.training
     model.eval()
-    loss = sum(model(x, y)[1].item() for x, y in batches) / len(batches)
-    model.train(was_training)
+    try:
+        with torch.compiler.set_stance("force_eager"):
+            loss = sum(model(x, y)[1].item() for x, y in batches) / len(batches)
+    finally:
+        model.train(was_training)
     return loss
 
 
