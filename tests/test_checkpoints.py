@@ -314,9 +314,27 @@ def test_a_resume_under_another_train_config_names_each_difference(saved):
 
 def test_a_resume_may_change_how_the_run_is_shown_and_executed(saved):
     path, _ = saved
-    t = trainer(progress=True, compile=True)  # not what is computed: accepted
+    t = trainer(progress=True, compile=True, cuda_graph=True)  # not what is computed: accepted
     t.load(path)
     assert t.step == 10
+
+
+def test_a_checkpoint_holds_the_optimizer_as_a_step_run_as_usual_leaves_it(tmp_path):
+    """A CUDA graph's replayed steps (transformer_lib.cuda_graphs) keep the learning rate in a device tensor
+    and make the optimizer capturable, which a CPU's AdamW refuses: the file holds plain values, and a CPU
+    trainer resumes from it as from a file written by plain steps."""
+    graphed, plain = trained(10), trained(10)
+    for group in graphed.optimizer.param_groups:  # as the graph leaves them (on a CPU here: the file is the point)
+        group.update(lr=torch.tensor(group["lr"]), capturable=True)
+    saved = checkpoint.load_checkpoint(graphed.save(tmp_path / "graphed.pt"))["optimizer"]["param_groups"]
+    expected = checkpoint.load_checkpoint(plain.save(tmp_path / "plain.pt"))["optimizer"]["param_groups"]
+    assert saved == expected and all(type(g["lr"]) is float and g["capturable"] is False for g in saved)
+    assert torch.is_tensor(graphed.optimizer.param_groups[0]["lr"])  # the trainer's own groups are untouched
+    resumed = {name: trainer() for name in ("graphed", "plain")}
+    for name, t in resumed.items():  # each load restores the random states too: the same dropout masks
+        t.load(tmp_path / f"{name}.pt")
+        t.fit(steps=2)
+    assert resumed["graphed"].history.train_loss == resumed["plain"].history.train_loss
 
 
 # ------------------------------------------------------------------ damaged or foreign files

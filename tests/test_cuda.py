@@ -10,6 +10,7 @@ the uncached tokens, the library's GPT equals nanoGPT's on the same weights, and
 from __future__ import annotations
 
 import copy
+import math
 import re
 
 import pytest
@@ -17,10 +18,11 @@ import torch
 import torch.nn.functional as F
 
 from transformer_lib import GPT, GPTConfig, precision
+from transformer_lib.cuda_graphs import WARMUP_STEPS
 from transformer_lib.notebook.benchmark import ReferenceGPT, op_times
 from transformer_lib.precision import fused_attention, output_in_fp32
 from transformer_lib.text import random_blocks
-from transformer_lib.training import TrainConfig, Trainer, fit_together
+from transformer_lib.training import NonFiniteLossError, TrainConfig, Trainer, fit_together
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -54,6 +56,89 @@ def test_the_training_step_never_waits_for_the_gpu():
     finally:
         torch.cuda.set_sync_debug_mode(0)
     assert loss.is_cuda and torch.isfinite(loss).item()
+
+
+def graph_trainer(cuda_graph: bool, amp: bool = True, steps: int = 12, **kw) -> Trainer:
+    config = TrainConfig(max_steps=steps, lr=3e-3, warmup_steps=2, eval_interval=10**6, log_interval=10**6,
+                         progress=False, amp=amp, cuda_graph=cuda_graph)  # fmt: skip
+    return Trainer(tiny_gpt(), config, lambda g: random_blocks(DATA, 8, 32, g), device=torch.device("cuda"), **kw)
+
+
+@pytest.mark.parametrize("amp", [False, True], ids=["fp32", "amp"])
+def test_a_step_replayed_from_a_cuda_graph_is_the_step_run_as_usual(amp):
+    """TrainConfig(cuda_graph=True): the first steps run as usual, the next is captured, and every later one
+    is the graph's replay, with the batch, the learning rate and the step number copied in. The losses and
+    weights are those of plain steps (to the atomics of CUDA's embedding backward, and bf16's rounding)."""
+    g = torch.Generator().manual_seed(0)
+    batches = [tuple(t.cuda() for t in random_blocks(DATA, 8, 32, g)) for _ in range(12)]
+    losses, trainers = {}, {}
+    for cuda_graph in (False, True):
+        t = trainers[cuda_graph] = graph_trainer(cuda_graph, amp)
+        assert t.replays_graph == cuda_graph
+        steps = []
+        for i, batch in enumerate(batches):
+            if cuda_graph and i == WARMUP_STEPS + 1:  # from the first replay on, any host sync raises
+                torch.cuda.set_sync_debug_mode("error")
+            try:
+                steps.append(t.train_step(batch))
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+        losses[cuda_graph] = torch.stack(steps).cpu()
+    graphed = trainers[True]._graphed
+    assert graphed is not None and graphed.graph is not None
+    assert isinstance(trainers[True].optimizer.param_groups[0]["lr"], torch.Tensor)  # read on the device
+    tolerance = dict(rtol=1e-2, atol=1e-2) if amp else dict(rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(losses[True], losses[False], **tolerance)
+    if not amp:  # a learning rate frozen at the capture's would move the weights by about 1e-3 here
+        for p, q in zip(trainers[True].model.parameters(), trainers[False].model.parameters(), strict=True):
+            torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-4)
+
+
+def test_a_cuda_graph_refuses_a_batch_of_another_shape():
+    t = graph_trainer(True)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(WARMUP_STEPS + 2):
+        t.train_step(random_blocks(DATA, 8, 32, g))
+    captured = re.escape("captured on batches [((8, 32), torch.int64), ((8, 32), torch.int64)]")
+    with pytest.raises(ValueError, match=captured + r".*this step's batches are \[\(\(8, 16\)"):
+        t.train_step(random_blocks(DATA, 8, 16, g))
+
+
+def test_a_nan_in_a_replayed_step_is_reported_at_its_step():
+    """The step number that marks the first non-finite loss is copied into the graph at every replay."""
+    factor = torch.ones((), device="cuda")  # the graph reads it at every replay
+
+    def loss_fn(model, batch):
+        x, y = batch
+        return model(x, y)[1] * factor
+
+    t = graph_trainer(True, steps=20, loss_fn=loss_fn)
+    t.fit(steps=7)  # the warm-up, the capture, then replays
+    factor.fill_(float("nan"))
+    with pytest.raises(NonFiniteLossError, match=r"the training loss is not finite \(NaN or inf\) at step 7 "):
+        t.fit()
+    assert t.replays_graph
+
+
+def test_a_graphed_run_saves_and_resumes_as_a_plain_run(tmp_path):
+    """A checkpoint of replayed steps resumes on the GPU (the graph is captured again for the new optimizer
+    state) as the plain run goes on, and on a CPU."""
+    plain = graph_trainer(False, amp=False)
+    plain.fit()
+    first = graph_trainer(True, amp=False)
+    first.fit(steps=7)
+    path = first.save(tmp_path / "graphed.pt")
+    resumed = graph_trainer(True, amp=False)
+    resumed.load(path)
+    resumed.fit()
+    assert resumed._graphed is not None and resumed._graphed.graph is not None  # captured again after the load
+    assert resumed.step == plain.step == 12
+    for p, q in zip(resumed.model.parameters(), plain.model.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-4)
+    on_cpu = Trainer(tiny_gpt(), first.config, lambda g: random_blocks(DATA, 8, 32, g), device="cpu")
+    on_cpu.load(path)
+    on_cpu.fit(steps=1)
+    assert on_cpu.step == 8 and math.isfinite(on_cpu.history.train_loss[-1])
 
 
 def test_fit_learns_on_the_gpu():

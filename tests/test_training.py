@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from transformer_lib import GPT, GPTConfig, checkpoint, precision, training
+from transformer_lib.cuda_graphs import GraphedStep
 from transformer_lib.notebook.plots import plot_history
 from transformer_lib.precision import head_product_dtype, native_dtype
 from transformer_lib.text import random_blocks
@@ -155,6 +156,7 @@ def test_checkpoint_for_another_config_is_rejected(tmp_path):
         {"seed": 2**64},
         {"amp": "yes"},
         {"compile": 1},
+        {"cuda_graph": "yes"},
         {"progress": 1},
     ],
     ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()),
@@ -163,6 +165,22 @@ def test_bad_config_is_rejected_naming_the_field(bad):
     (field,) = bad
     with pytest.raises(ValueError, match=rf"\b{field}\b must be .*got {re.escape(repr(bad[field]))}"):
         TrainConfig(**bad)
+
+
+def test_cuda_graph_is_ignored_off_cuda_and_the_steps_are_those_run_as_usual():
+    """TrainConfig(cuda_graph=True) replays a step captured on a CUDA GPU (tests/test_cuda.py checks the replay);
+    elsewhere the steps run as usual, to the last bit."""
+    runs = {}
+    for cuda_graph in (False, True):
+        torch.manual_seed(0)
+        model = GPT(GPTConfig(vocab_size=97, block_size=16, n_layers=1, n_heads=2, d_model=16, dropout=0.0))
+        config = TrainConfig(max_steps=6, warmup_steps=2, eval_interval=10**6, progress=False, cuda_graph=cuda_graph)
+        t = Trainer(model, config, lambda g: random_blocks(torch.arange(500) % 97, 4, 16, g), device="cpu")
+        assert not t.replays_graph
+        runs[cuda_graph] = [t.train_step(t.train_batches(t.generator)).item() for _ in range(6)]
+    assert runs[True] == runs[False]
+    with pytest.raises(ValueError, match="a CUDA graph needs a CUDA device, got cpu"):
+        GraphedStep(t._step, t.optimizer, torch.device("cpu"))
 
 
 def test_config_error_says_what_is_allowed_and_lists_every_problem():

@@ -42,7 +42,7 @@ STATE_FIELDS = (
 )
 SCALER_FIELDS = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
 # TrainConfig fields that change how a run is shown or executed, not what it computes: a resume may change them
-FREE_CONFIG_FIELDS = ("progress", "compile")
+FREE_CONFIG_FIELDS = ("progress", "compile", "cuda_graph")
 STALE_SECONDS = 60.0  # a temporary file older than this, whose writer is gone, is left from a killed save
 
 
@@ -106,7 +106,7 @@ def trainer_state(trainer: Trainer) -> dict[str, Any]:
         dist.all_gather_object(rank_generators, trainer.generator.get_state())
     return {
         "model": trainer.model.state_dict(),
-        "optimizer": trainer.optimizer.state_dict(),
+        "optimizer": _plain_optimizer_state(trainer.optimizer, trainer._lr),
         "scaler": trainer.scaler.state_dict(),
         "step": trainer.step,
         "train_config": asdict(trainer.config),
@@ -155,6 +155,21 @@ def load_trainer(trainer: Trainer, path: str | os.PathLike, allow_config_change:
             torch.cuda.set_rng_state(rng, device)
 
 
+def _plain_optimizer_state(optimizer: torch.optim.Optimizer, lr: float) -> dict[str, Any]:
+    """The optimizer's state dict as a step run as usual leaves it, whose learning rate was ``lr``.
+
+    A CUDA graph's replayed steps (:mod:`transformer_lib.cuda_graphs`) hold the learning rate in an fp32
+    device tensor and make the parameter groups ``capturable``, which a CPU's optimizer refuses. The file
+    is the same either way."""
+    state = optimizer.state_dict()
+    for group in state["param_groups"]:  # copies: the optimizer's own groups are untouched
+        if isinstance(group["lr"], torch.Tensor):
+            group["lr"] = lr
+        if "capturable" in group:
+            group["capturable"] = False
+    return state
+
+
 def apply_trainer_state(
     trainer: Trainer,
     model: dict[str, Tensor],
@@ -178,13 +193,14 @@ def apply_trainer_state(
     trainer.generator.set_state(generator)
     trainer.history = history
     trainer._reset_nonfinite()
+    trainer._forget_graph()  # a CUDA graph captured the optimizer's old state tensors
 
 
 def _validate_state(state: object, trainer: Trainer, path: Path, allow_config_change: bool) -> History:
     """Check every part of a loaded trainer state against ``trainer``, which is left untouched; return
     the state's history. Any problem raises :class:`CheckpointError` naming ``path``.
 
-    The training configs must agree except in ``progress`` and ``compile``, unless
+    The training configs must agree except in ``progress``, ``compile`` and ``cuda_graph``, unless
     ``allow_config_change``; the model configs must agree always.
     """
 

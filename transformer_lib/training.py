@@ -31,8 +31,9 @@ from .attention import MultiHeadAttention
 from .checkpoint import CHECKPOINT_FORMAT as CHECKPOINT_FORMAT  # re-exported: it was defined here
 from .checkpoint import CheckpointError as CheckpointError  # re-exported: it was defined here
 from .checkpoint import load_trainer, save_trainer, trainer_state
+from .cuda_graphs import GraphedStep
 from .precision import autocast_dtype
-from .utils import get_device
+from .utils import batch_to, get_device
 
 Batch = Any
 BatchFn = Callable[[torch.Generator], Batch]
@@ -66,7 +67,11 @@ class TrainConfig:
     loss divided by k: with equal micro-batches and a mean loss, one step on a batch k times
     larger, in the memory of one micro-batch. ``compile = True`` trains through
     ``torch.compile(model)`` (elementwise work fused into generated kernels; the first steps pay
-    the compilation); evaluation and generation run the model uncompiled.
+    the compilation); evaluation and generation run the model uncompiled. ``cuda_graph = True``
+    replays each step on a CUDA GPU as one CUDA graph (:mod:`transformer_lib.cuda_graphs`): the host
+    starts one graph instead of every kernel, which is most of a small model's step there. The batches
+    must then keep one shape. It is ignored where the step cannot be replayed: off CUDA, under
+    ``torchrun``, with ``compile`` or with fp16's loss scaler (whose step reads the gradients on the host).
 
     Defined in chapter 4, Positional encoding.
     """
@@ -85,6 +90,7 @@ class TrainConfig:
     grad_accum_steps: int = 1  # micro-batches per optimisation step
     amp: bool = True  # mixed precision where it is native: see autocast_dtype
     compile: bool = False  # train through torch.compile(model)
+    cuda_graph: bool = False  # on a CUDA GPU, replay each step as one CUDA graph
     progress: bool = True  # a tqdm bar (the book build turns tqdm off with TQDM_DISABLE=1)
 
     def __post_init__(self) -> None:
@@ -110,7 +116,8 @@ class TrainConfig:
         validate("seed", _validate_int, -(2**63), seeds)
         if isinstance(self.seed, int) and self.seed >= 2**64:
             problems.append(f"seed must be {seeds}, got {self.seed!r}")
-        not_bool = [name for name in ("amp", "compile", "progress") if not isinstance(getattr(self, name), bool)]
+        switches = ("amp", "compile", "cuda_graph", "progress")
+        not_bool = [name for name in switches if not isinstance(getattr(self, name), bool)]
         problems += [f"{name} must be True or False, got {getattr(self, name)!r}" for name in not_bool]
         if not problems and self.min_lr > self.lr:
             problems.append(
@@ -196,16 +203,6 @@ def _forward_takes(model: nn.Module, name: str) -> bool:
     return name in _FORWARD_PARAMETERS[cls]
 
 
-def _to(batch: Batch, device: torch.device) -> Batch:
-    if isinstance(batch, Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(_to(b, device) for b in batch)
-    if isinstance(batch, dict):
-        return {k: _to(v, device) for k, v in batch.items()}
-    return batch
-
-
 @dataclass
 class History:
     """What happened during training: losses at the logged and evaluated steps, and the speed."""
@@ -278,6 +275,22 @@ class Trainer:
         self.amp_dtype = autocast_dtype(self.device) if config.amp else None
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp_dtype == torch.float16)
         self._reset_nonfinite()
+        self._lr = lr_at(0, config.lr, config.min_lr, config.warmup_steps, config.max_steps)  # the last step's
+        self._graphed: GraphedStep | None = None
+        self._forget_graph()
+
+    @property
+    def replays_graph(self) -> bool:
+        """Whether the steps are replayed from a CUDA graph (``config.cuda_graph`` where the step allows it)."""
+        return self._graphed is not None
+
+    def _forget_graph(self) -> None:
+        """Start the CUDA graph anew, if the steps use one: after a new optimizer state, which a graph does
+        not see (its tensors are new), the next steps warm up and capture again."""
+        cfg = self.config
+        replayable = self.device.type == "cuda" and self.world_size == 1 and not cfg.compile
+        use = cfg.cuda_graph and replayable and not self.scaler.is_enabled()
+        self._graphed = GraphedStep(self._step, self.optimizer, self.device) if use else None
 
     def _mean_over_processes(self, value: Tensor) -> Tensor:
         """``value`` averaged over the processes (itself when there is one)."""
@@ -308,7 +321,7 @@ class Trainer:
         losses = []
         for _ in range(steps):
             with self._autocast():
-                losses.append(self.loss_fn(self.model, _to(batches(self.generator), self.device)).float())
+                losses.append(self.loss_fn(self.model, batch_to(batches(self.generator), self.device)).float())
         self.model.train(was_training)
         return self._mean_over_processes(torch.stack(losses).mean()).item()
 
@@ -365,7 +378,7 @@ class Trainer:
                 n_running = 0
                 h.steps.append(self.step)
                 h.train_loss.append(mean)
-                h.lr.append(self.optimizer.param_groups[0]["lr"])
+                h.lr.append(self._lr)
                 if bar is not None:
                     bar.set_postfix(loss=f"{mean:.3f}")
             h.train_seconds += time.perf_counter() - t0
@@ -405,13 +418,25 @@ class Trainer:
 
         Each micro-batch's loss is divided by their number, so that the gradients add up to the
         gradient of their mean. No host sync: a non-finite loss or gradient norm is only recorded
-        on the device, for :meth:`fit` to report.
+        on the device, for :meth:`fit` to report. With :attr:`replays_graph`, the step is the CUDA
+        graph's replay (the first steps run as usual, then one is captured).
         """
         cfg = self.config
-        lr = lr_at(self.step, cfg.lr, cfg.min_lr, cfg.warmup_steps, cfg.max_steps)
+        self._lr = lr_at(self.step, cfg.lr, cfg.min_lr, cfg.warmup_steps, cfg.max_steps)
+        micro_batches = (batch, *more)
+        if self._graphed is not None:
+            loss = self._graphed(micro_batches, self._lr, self.step)
+        else:
+            loss = self._step(micro_batches, self._lr, self.step)
+        self.step += 1
+        return loss
+
+    def _step(self, micro_batches: Sequence[Batch], lr: float | Tensor, step: int | Tensor) -> Tensor:
+        """:meth:`train_step`'s work at learning rate ``lr``, recording a non-finite loss as step ``step``:
+        Python numbers, or one-element device tensors where a CUDA graph captures it."""
+        cfg = self.config
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        micro_batches = (batch, *more)
         k = len(micro_batches)
         self.optimizer.zero_grad(set_to_none=True)
         losses: list[Tensor] = []
@@ -419,7 +444,7 @@ class Trainer:
             no_sync = self.ddp.no_sync() if self.ddp is not None and i < k - 1 else nullcontext()
             with no_sync:  # accumulate locally; average across processes on the last micro-batch only
                 with self._autocast():
-                    loss = self.loss_fn(self.forward_model, _to(micro, self.device))
+                    loss = self.loss_fn(self.forward_model, batch_to(micro, self.device))
                 self.scaler.scale(loss if k == 1 else loss / k).backward()
             losses.append(loss.detach().float())
         loss = losses[0] if k == 1 else sum(losses[1:], start=losses[0]) / k
@@ -429,18 +454,17 @@ class Trainer:
             grad_norm = clip_gradients(self._parameters, cfg.grad_clip, self.device)
         self.scaler.step(self.optimizer)
         self.scaler.update()
-        self._note_nonfinite(loss, grad_norm)
-        self.step += 1
+        self._note_nonfinite(loss, grad_norm, step)
         return loss
 
-    def _note_nonfinite(self, loss: Tensor, grad_norm: Tensor | None) -> None:
-        """Record, on the device, the first step whose loss (or gradient norm) is NaN or infinite.
-        With the fp16 scaler only the loss counts: it skips a step with an infinite gradient."""
+    def _note_nonfinite(self, loss: Tensor, grad_norm: Tensor | None, step: int | Tensor) -> None:
+        """Record, on the device, ``step`` as the first step whose loss (or gradient norm) is NaN or
+        infinite. With the fp16 scaler only the loss counts: it skips a step with an infinite gradient."""
         bad_grad = torch.zeros((), dtype=torch.bool, device=self.device)
         if grad_norm is not None and not self.scaler.is_enabled():
             bad_grad = ~torch.isfinite(grad_norm)
         bad = torch.stack([~torch.isfinite(loss), bad_grad.to(self.device)])
-        self._first_nonfinite.masked_fill_(bad & (self._first_nonfinite < 0), self.step)
+        self._first_nonfinite.masked_fill_(bad & (self._first_nonfinite < 0), step)
 
     def _record_eval(self, callback: Callable[[Trainer], None] | None = None) -> None:
         h = self.history
@@ -471,7 +495,7 @@ class Trainer:
     def load(self, path: str | os.PathLike, allow_config_change: bool = False) -> None:
         """Resume from a checkpoint written by :meth:`save`, all or nothing: any problem raises
         :class:`CheckpointError` naming the file, and leaves the trainer as it was. One written under
-        another :class:`TrainConfig` (except ``progress``, ``compile``) is refused unless
+        another :class:`TrainConfig` (except ``progress``, ``compile``, ``cuda_graph``) is refused unless
         ``allow_config_change=True``: the trainer then keeps its own, e.g. a larger ``max_steps``."""
         load_trainer(self, path, allow_config_change)
 

@@ -7,10 +7,11 @@ import random
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 
 def get_device(prefer: str | None = None) -> torch.device:
@@ -28,6 +29,18 @@ def get_device(prefer: str | None = None) -> torch.device:
     if mps is not None and mps.is_available():
         return torch.device("mps")
     return torch.device("cpu")
+
+
+def batch_to(batch: Any, device: torch.device) -> Any:
+    """``batch`` with every tensor moved to ``device`` (asynchronously where it can be), through tuples,
+    lists and dicts; other values as they are."""
+    if isinstance(batch, Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(batch_to(b, device) for b in batch)
+    if isinstance(batch, dict):
+        return {k: batch_to(v, device) for k, v in batch.items()}
+    return batch
 
 
 def set_seed(seed: int = 0) -> torch.Generator:
