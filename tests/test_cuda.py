@@ -77,7 +77,7 @@ def test_a_step_replayed_from_a_cuda_graph_is_the_step_run_as_usual(amp):
         assert t.replays_graph == cuda_graph
         steps = []
         for i, batch in enumerate(batches):
-            if cuda_graph and i == WARMUP_STEPS + 1:  # from the first replay on, any host sync raises
+            if cuda_graph and i > WARMUP_STEPS:  # the replays (after the capture): any host sync raises
                 torch.cuda.set_sync_debug_mode("error")
             try:
                 steps.append(t.train_step(batch))
