@@ -71,7 +71,7 @@ def main() -> None:
         return time.perf_counter() - t0
 
     first = {name: steps(t, 5) for name, t in trainers.items()}  # the graph's warm-up steps and its capture
-    assert trainers["graph"].replays_graph and trainers["graph"]._graphed.graph is not None
+    assert trainers["graph"].replays_graph and trainers["graph"]._graphed.captured
     seconds = dict.fromkeys(trainers, 0.0)
     done = 5
     while done < args.steps:

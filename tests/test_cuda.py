@@ -85,7 +85,7 @@ def test_a_step_replayed_from_a_cuda_graph_is_the_step_run_as_usual(amp):
                 torch.cuda.set_sync_debug_mode(0)
         losses[cuda_graph] = torch.stack(steps).cpu()
     graphed = trainers[True]._graphed
-    assert graphed is not None and graphed.graph is not None
+    assert graphed is not None and graphed.captured
     assert isinstance(trainers[True].optimizer.param_groups[0]["lr"], torch.Tensor)  # read on the device
     tolerance = dict(rtol=1e-2, atol=1e-2) if amp else dict(rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(losses[True], losses[False], **tolerance)
@@ -131,7 +131,7 @@ def test_a_graphed_run_saves_and_resumes_as_a_plain_run(tmp_path):
     resumed = graph_trainer(True, amp=False)
     resumed.load(path)
     resumed.fit()
-    assert resumed._graphed is not None and resumed._graphed.graph is not None  # captured again after the load
+    assert resumed._graphed is not None and resumed._graphed.captured  # captured again after the load
     assert resumed.step == plain.step == 12
     for p, q in zip(resumed.model.parameters(), plain.model.parameters(), strict=True):
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-4)

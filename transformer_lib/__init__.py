@@ -14,7 +14,7 @@ Two layers. The core is tensors in, tensors out, one module per idea:
 - ``speculative``: speculative decoding: a draft GPT proposes, the target verifies, output = target's greedy
 - ``training``: the training engine: AdamW groups, schedule, clipping, mixed precision (chapters 4-9)
 - ``checkpoint``: the trainer's checkpoint files: checksummed, atomic, loaded all or nothing
-- ``cuda_graphs``: a training step replayed as one CUDA graph, for small models on a GPU (chapter 7)
+- ``cuda_graphs``: a training step replayed as one CUDA graph, for small models on a GPU
 - ``precision``: what runs in bf16 and what stays in fp32
 - ``export``: a GPT as an ONNX file (``torch.onnx.export``), run by ONNX Runtime
 - ``quantization``: int8 weights by hand (per-channel scales) and PyTorch's dynamic int8

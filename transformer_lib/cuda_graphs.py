@@ -11,9 +11,8 @@ with one call from the host. What is recorded is fixed: the tensors' addresses a
 control flow, every number the host computed. So the step reads its inputs from tensors that stay in
 place (the batch is copied into them; the learning rate and the step number are one-element tensors on
 the device), and must never wait for the device (no ``.item()``). :class:`~transformer_lib.training.Trainer`
-uses this where ``TrainConfig.cuda_graph`` asks for it and the step allows it.
-
-Defined in chapter 7, Decoder-only models.
+uses this where ``TrainConfig.cuda_graph`` asks for it and the step allows it; ``benchmarks/cuda_graphs.py``
+times it.
 """
 
 from __future__ import annotations
@@ -69,23 +68,27 @@ class GraphedStep:
             raise ValueError(f"a CUDA graph needs a CUDA device, got {device}")
         self.step_fn, self.optimizer, self.device = step_fn, optimizer, device
         self.warmed_up = 0
-        self.graph: torch.cuda.CUDAGraph | None = None
+        self.replay: Callable[[], None] | None = None  # the captured step, once captured
         self.static_batches: list[Any] = []  # the step's inputs: each call's batches are copied into these
         self.signature: list[Any] = []
         self.lr: Tensor | None = None
         self.step: Tensor | None = None
-        self.loss: Tensor | None = None
+        self.loss: Tensor | None = None  # the captured step's output, rewritten by each replay
+
+    @property
+    def captured(self) -> bool:
+        return self.replay is not None
 
     def __call__(self, micro_batches: Sequence[Any], lr: float, step: int) -> Tensor:
-        if self.graph is None:
+        if self.replay is None:
             if self.warmed_up < WARMUP_STEPS:
                 self.warmed_up += 1
                 return self._warm_up(micro_batches, lr, step)
             self._capture(micro_batches, lr, step)
         else:
             self._copy_in(micro_batches, lr, step)
-        assert self.graph is not None and self.loss is not None
-        self.graph.replay()
+        assert self.replay is not None and self.loss is not None
+        self.replay()
         return self.loss.clone()
 
     def _warm_up(self, micro_batches: Sequence[Any], lr: float, step: int) -> Tensor:
@@ -107,10 +110,8 @@ class GraphedStep:
         for group in self.optimizer.param_groups:
             group["capturable"] = True
         self.optimizer.zero_grad(set_to_none=True)  # the gradients are then allocated in the graph's memory
-        graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph):
-                self.loss = self.step_fn(self.static_batches, self.lr, self.step)
+            self.replay, self.loss = self._record(lambda: self.step_fn(self.static_batches, self.lr, self.step))
         except RuntimeError as e:
             raise RuntimeError(
                 f"the training step could not be captured as a CUDA graph ({type(e).__name__}: {e}). A step "
@@ -118,7 +119,14 @@ class GraphedStep:
                 f"in the model or loss_fn) and must launch the same kernels every step; train with "
                 f"TrainConfig(cuda_graph=False)"
             ) from e
-        self.graph = graph
+
+    def _record(self, step: Callable[[], Tensor]) -> tuple[Callable[[], None], Tensor]:
+        """Capture ``step()`` (which runs nothing while it is recorded) as a CUDA graph: its replay, and
+        the tensor that holds its output after each replay."""
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            loss = step()
+        return graph.replay, loss
 
     def _copy_in(self, micro_batches: Sequence[Any], lr: float, step: int) -> None:
         signature = _describe(micro_batches)
