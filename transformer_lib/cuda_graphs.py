@@ -105,13 +105,13 @@ class GraphedStep:
     def _capture(self, micro_batches: Sequence[Any], lr: float, step: int) -> None:
         self.static_batches = [batch_to(b, self.device) for b in micro_batches]
         self.signature = _describe(self.static_batches)
-        self.lr = torch.tensor(float(lr), device=self.device)
-        self.step = torch.tensor(step, dtype=torch.long, device=self.device)
+        self.lr = lr_now = torch.tensor(float(lr), device=self.device)
+        self.step = step_now = torch.tensor(step, dtype=torch.long, device=self.device)
         for group in self.optimizer.param_groups:
             group["capturable"] = True
         self.optimizer.zero_grad(set_to_none=True)  # the gradients are then allocated in the graph's memory
         try:
-            self.replay, self.loss = self._record(lambda: self.step_fn(self.static_batches, self.lr, self.step))
+            self.replay, self.loss = self._record(lambda: self.step_fn(self.static_batches, lr_now, step_now))
         except RuntimeError as e:
             raise RuntimeError(
                 f"the training step could not be captured as a CUDA graph ({type(e).__name__}: {e}). A step "
