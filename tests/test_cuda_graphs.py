@@ -76,6 +76,18 @@ def test_replayed_steps_follow_the_schedule_as_steps_run_as_usual():
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-7)  # a learning rate frozen at the capture: ~1e-4
 
 
+def test_the_captured_inputs_are_copies_the_callers_batches_stay_as_they_were():
+    """The replays copy each batch into the captured inputs: those must not be a batch the caller holds."""
+    t = trainer(True)
+    g = torch.Generator().manual_seed(0)
+    batches = [random_blocks(DATA, 4, 16, g) for _ in range(WARMUP_STEPS + 3)]
+    kept = [tuple(x.clone() for x in batch) for batch in batches]
+    for batch in batches:
+        t.train_step(batch)
+    for batch, before in zip(batches, kept, strict=True):
+        assert all(torch.equal(x, y) for x, y in zip(batch, before, strict=True))
+
+
 def test_a_batch_of_another_shape_is_refused_naming_both():
     t = trainer(True)
     t.fit(steps=WARMUP_STEPS + 2)

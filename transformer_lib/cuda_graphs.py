@@ -68,6 +68,7 @@ class GraphedStep:
             raise ValueError(f"a CUDA graph needs a CUDA device, got {device}")
         self.step_fn, self.optimizer, self.device = step_fn, optimizer, device
         self.warmed_up = 0
+        self.stream: torch.cuda.Stream | None = None  # the warm-up's and the capture's (made at the first step)
         self.replay: Callable[[], None] | None = None  # the captured step, once captured
         self.static_batches: list[Any] = []  # the step's inputs: each call's batches are copied into these
         self.signature: list[Any] = []
@@ -92,9 +93,12 @@ class GraphedStep:
         return self.loss.clone()
 
     def _warm_up(self, micro_batches: Sequence[Any], lr: float, step: int) -> Tensor:
-        """One step as usual, on a side stream as PyTorch's recipe for capturing a whole step does."""
+        """One step as usual, on the side stream that will capture the graph: as PyTorch's recipe for capturing
+        a whole step, and so that the libraries' lazy set-up per stream (cuBLAS's workspace) happens here."""
         main = torch.cuda.current_stream(self.device)
-        side = torch.cuda.Stream(self.device)
+        if self.stream is None:
+            self.stream = torch.cuda.Stream(self.device)
+        side = self.stream
         side.wait_stream(main)
         with torch.cuda.stream(side):
             loss = self.step_fn(micro_batches, lr, step)
@@ -103,7 +107,7 @@ class GraphedStep:
         return loss
 
     def _capture(self, micro_batches: Sequence[Any], lr: float, step: int) -> None:
-        self.static_batches = [batch_to(b, self.device) for b in micro_batches]
+        self.static_batches = [batch_to(b, self.device, copy=True) for b in micro_batches]  # not the caller's
         self.signature = _describe(self.static_batches)
         self.lr = lr_now = torch.tensor(float(lr), device=self.device)
         self.step = step_now = torch.tensor(step, dtype=torch.long, device=self.device)
@@ -124,7 +128,7 @@ class GraphedStep:
         """Capture ``step()`` (which runs nothing while it is recorded) as a CUDA graph: its replay, and
         the tensor that holds its output after each replay."""
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, stream=self.stream):
             loss = step()
         return graph.replay, loss
 

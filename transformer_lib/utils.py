@@ -31,15 +31,15 @@ def get_device(prefer: str | None = None) -> torch.device:
     return torch.device("cpu")
 
 
-def batch_to(batch: Any, device: torch.device) -> Any:
+def batch_to(batch: Any, device: torch.device, copy: bool = False) -> Any:
     """``batch`` with every tensor moved to ``device`` (asynchronously where it can be), through tuples,
-    lists and dicts; other values as they are."""
+    lists and dicts; other values as they are. A tensor already there is itself, unless ``copy``."""
     if isinstance(batch, Tensor):
-        return batch.to(device, non_blocking=True)
+        return batch.to(device, non_blocking=True, copy=copy)
     if isinstance(batch, (tuple, list)):
-        return type(batch)(batch_to(b, device) for b in batch)
+        return type(batch)(batch_to(b, device, copy) for b in batch)
     if isinstance(batch, dict):
-        return {k: batch_to(v, device) for k, v in batch.items()}
+        return {k: batch_to(v, device, copy) for k, v in batch.items()}
     return batch
 
 
