@@ -94,7 +94,7 @@ def main() -> None:
             f"{name:5s}: {ms[name]:6.2f} ms per step (first 5 steps {first[name]:.2f} s), val_loss {losses[name]:.4f}"
         )
     print(f"the plain step's kernels keep the GPU busy {kernels * 1e3:.2f} ms of its {ms['plain']:.2f} ms")
-    equal = abs(losses["plain"] - losses["graph"]) < 0.02  # the same run, to CUDA's atomics and bf16's rounding
+    equal = abs(losses["plain"] - losses["graph"]) < 0.03  # the same run, but for CUDA's atomics and bf16's rounding
     print(f"speedup={ms['plain'] / ms['graph']:.2f} equal={equal}")
 
 
