@@ -109,3 +109,43 @@ def test_a_nan_in_a_replayed_step_is_reported_at_its_step():
     factor.fill_(float("nan"))
     with pytest.raises(NonFiniteLossError, match=r"the training loss is not finite \(NaN or inf\) at step 7 "):
         t.fit()
+
+
+class ScaledGradient(torch.autograd.Function):
+    """The identity, whose gradient is multiplied by ``factor``: a device tensor, so that a graph reads it."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, factor: Tensor) -> Tensor:
+        ctx.save_for_backward(factor)
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
+        (factor,) = ctx.saved_tensors
+        return grad * factor, None
+
+
+def test_with_the_fp16_loss_scaler_a_replayed_step_with_an_infinite_gradient_is_skipped_on_the_device():
+    """On a GPU without bf16 the Trainer trains in fp16 with a loss scaler, and replays its steps only because
+    the fused AdamW takes the scaler's verdict on the gradients as a tensor: a step whose gradient is infinite
+    leaves the weights as they were and halves the scale, with no host sync (tests/test_cuda.py checks that)."""
+    factor = torch.ones(())
+
+    def loss_fn(model, batch):
+        x, y = batch
+        return ScaledGradient.apply(model(x, y)[1], factor)
+
+    t = trainer(False, steps=20, loss_fn=loss_fn)
+    t.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)
+    assert getattr(t.optimizer, "_step_supports_amp_scaling", False)  # the fused AdamW, as on CUDA
+    t._graphed = SimulatedGraph(t)
+    t.fit(steps=7)
+    before = [p.detach().clone() for p in t.model.parameters()]
+    factor.fill_(float("inf"))
+    t.train_step(t.train_batches(t.generator))  # step 7, replayed: an infinite gradient, a finite loss
+    assert all(torch.equal(p, q) for p, q in zip(t.model.parameters(), before, strict=True))
+    assert t.scaler.get_scale() == 2.0**7
+    factor.fill_(1.0)
+    t.fit()
+    assert t.step == 20 and all(torch.isfinite(p).all() for p in t.model.parameters())
+    assert t.history.train_loss[-1] < t.history.train_loss[0]

@@ -71,7 +71,8 @@ class TrainConfig:
     replays each step on a CUDA GPU as one CUDA graph (:mod:`transformer_lib.cuda_graphs`): the host
     starts one graph instead of every kernel, which is most of a small model's step there. The batches
     must then keep one shape. It is ignored where the step cannot be replayed: off CUDA, under
-    ``torchrun``, with ``compile`` or with fp16's loss scaler (whose step reads the gradients on the host).
+    ``torchrun`` and with ``compile``. (With fp16, on GPUs without bf16, the loss scaler's verdict on an
+    infinite gradient stays on the device: the fused AdamW skips that step itself.)
 
     Defined in chapter 4, Positional encoding.
     """
@@ -289,7 +290,10 @@ class Trainer:
         not see (its tensors are new), the next steps warm up and capture again."""
         cfg = self.config
         replayable = self.device.type == "cuda" and self.world_size == 1 and not cfg.compile
-        use = cfg.cuda_graph and replayable and not self.scaler.is_enabled()
+        # fp16's loss scaler skips a step with an infinite gradient: on the device only with the fused AdamW
+        # (make_optimizer's on CUDA), which takes the scaler's verdict as a tensor; otherwise its step reads it
+        scaled_on_device = not self.scaler.is_enabled() or getattr(self.optimizer, "_step_supports_amp_scaling", False)
+        use = cfg.cuda_graph and replayable and scaled_on_device
         self._graphed = GraphedStep(self._step, self.optimizer, self.device) if use else None
 
     def _mean_over_processes(self, value: Tensor) -> Tensor:
