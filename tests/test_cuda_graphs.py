@@ -49,21 +49,22 @@ class SimulatedGraph(GraphedStep):
         return replay, loss
 
 
-def trainer(graphed: bool, steps: int = 12, **kw) -> Trainer:
+def trainer(graphed: bool, steps: int = 12, grad_accum_steps: int = 1, **kw) -> Trainer:
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=89, block_size=16, n_layers=1, n_heads=2, d_model=16, dropout=0.0, bias=False))
     config = TrainConfig(max_steps=steps, lr=3e-3, min_lr=3e-4, warmup_steps=3, eval_interval=10**6,
-                         log_interval=1, progress=False, amp=False)  # fmt: skip
+                         log_interval=1, progress=False, amp=False, grad_accum_steps=grad_accum_steps)  # fmt: skip
     t = Trainer(model, config, lambda g: random_blocks(DATA, 4, 16, g), device="cpu", **kw)
     if graphed:
         t._graphed = SimulatedGraph(t)
     return t
 
 
-def test_replayed_steps_follow_the_schedule_as_steps_run_as_usual():
+@pytest.mark.parametrize("grad_accum_steps", [1, 2])
+def test_replayed_steps_follow_the_schedule_as_steps_run_as_usual(grad_accum_steps):
     """The learning rate changes at every step (warm-up, then cosine decay): a replay that did not copy it
-    in would keep the capture's."""
-    runs = {graphed: trainer(graphed) for graphed in (False, True)}
+    in would keep the capture's. With gradient accumulation a step is several micro-batches, each copied in."""
+    runs = {graphed: trainer(graphed, grad_accum_steps=grad_accum_steps) for graphed in (False, True)}
     for t in runs.values():
         t.fit()
     graphed = runs[True]._graphed
