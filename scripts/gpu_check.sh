@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Everything the book runs differently on a CUDA GPU, in one go, its times and outputs written to OUT:
-#   1. benchmarks/mfu.py (GPT-2 small, compiled, bf16) with its diagnostic rows and kernel profile, the GPU alone;
+#   1. benchmarks/mfu.py (GPT-2 small, compiled, bf16) with its diagnostic rows and kernel profile, then
+#      benchmarks/cuda_graphs.py (a small model's step, plain against replayed from a CUDA graph), the GPU alone;
 #   2. tests/test_cuda.py, in the precision the GPU picks, then in fp16 with the loss scaler (a T4's path);
 #   3. every chapter in a fresh kernel, each in its own process and all at once beside the tests (the GPU
 #      shared: their times are upper bounds), executed with --allow-errors into OUT/chapters/N/ with its
@@ -28,6 +29,11 @@ if [ -z "${SKIP_MFU:-}" ]; then
   # shellcheck disable=SC2086  # MFU_ARGS is a list of flags
   (cd benchmarks && timeout "${MFU_TIMEOUT:-240}" "$PY" mfu.py ${MFU_ARGS:---bf16-head --fp32-head --profile}) >"$OUT/mfu.txt" 2>&1
   stamp "mfu.py: exit $?, $OUT/mfu.txt"
+  for block in classic llama; do
+    flag=$([ "$block" = llama ] && echo --llama)
+    timeout 180 "$PY" benchmarks/cuda_graphs.py $flag >"$OUT/cuda_graphs_$block.txt" 2>&1
+    stamp "cuda_graphs.py $flag: exit $?, $(tail -n 1 "$OUT/cuda_graphs_$block.txt")"
+  done
 fi
 pids=()
 if [ -z "${SKIP_TESTS:-}" ]; then
