@@ -70,7 +70,7 @@ class GraphedStep:
         self.warmed_up = 0
         self.stream: torch.cuda.Stream | None = None  # the warm-up's and the capture's (made at the first step)
         self.replay: Callable[[], None] | None = None  # the captured step, once captured
-        self.static_batches: list[Any] = []  # the step's inputs: each call's batches are copied into these
+        self.static_tensors: list[Tensor] = []  # the step's inputs: each call's batch tensors are copied into these
         self.signature: list[Any] = []
         self.lr: Tensor | None = None
         self.step: Tensor | None = None
@@ -107,15 +107,16 @@ class GraphedStep:
         return loss
 
     def _capture(self, micro_batches: Sequence[Any], lr: float, step: int) -> None:
-        self.static_batches = [batch_to(b, self.device, copy=True) for b in micro_batches]  # not the caller's
-        self.signature = _describe(self.static_batches)
+        static_batches = [batch_to(b, self.device, copy=True) for b in micro_batches]  # not the caller's
+        self.static_tensors = [x for x in _leaves(static_batches) if isinstance(x, Tensor)]
+        self.signature = _describe(static_batches)
         self.lr = lr_now = torch.tensor(float(lr), device=self.device)
         self.step = step_now = torch.tensor(step, dtype=torch.long, device=self.device)
         for group in self.optimizer.param_groups:
             group["capturable"] = True
         self.optimizer.zero_grad(set_to_none=True)  # the gradients are then allocated in the graph's memory
         try:
-            self.replay, self.loss = self._record(lambda: self.step_fn(self.static_batches, lr_now, step_now))
+            self.replay, self.loss = self._record(lambda: self.step_fn(static_batches, lr_now, step_now))
         except RuntimeError as e:
             raise RuntimeError(
                 f"the training step could not be captured as a CUDA graph ({type(e).__name__}: {e}). A step "
@@ -140,9 +141,8 @@ class GraphedStep:
                 f"dtype of each tensor, then the other values), but this step's batches are {signature}: give "
                 f"batches of one shape (e.g. pad them), or train with cuda_graph=False"
             )
-        static = [x for x in _leaves(self.static_batches) if isinstance(x, Tensor)]
         new = [x for x in _leaves(list(micro_batches)) if isinstance(x, Tensor)]
-        for x_static, x in zip(static, new, strict=True):
+        for x_static, x in zip(self.static_tensors, new, strict=True):
             x_static.copy_(x, non_blocking=True)
         assert self.lr is not None and self.step is not None
         self.lr.fill_(lr)
