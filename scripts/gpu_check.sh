@@ -12,6 +12,8 @@
 # Env:   CHAPTERS="7 9"  the chapters (default: every one)   CH_TIMEOUT  seconds per chapter (default 540)
 #        SKIP_MFU=1, SKIP_TESTS=1                             MFU_ARGS    (default: every diagnostic)
 #        MFU_TIMEOUT  seconds (default 240)                   PYTHON      (default: python3)
+#        CUDA_GRAPH=1  the chapters executed with every TrainConfig(cuda_graph=True): each training step
+#                      replayed as one CUDA graph (execute_chapters.py --cuda-graph), e.g. CHAPTERS="7 9"
 # Needs a CUDA GPU and the book's packages in PYTHON's environment (`make setup` with a CUDA build of torch).
 set -u
 cd "$(dirname "$0")/.."
@@ -48,7 +50,7 @@ fi
 for n in ${CHAPTERS:-$(seq 1 10)}; do
   # 3 CPU threads each: ten kernels share the machine's cores
   OMP_NUM_THREADS=3 timeout "${CH_TIMEOUT:-540}" "$PY" scripts/execute_chapters.py "$n" --out "$OUT/chapters/$n" \
-    --allow-errors >"$OUT/chapters/$n.log" 2>&1 &
+    --allow-errors $([ "${CUDA_GRAPH:-0}" = 1 ] && echo --cuda-graph) >"$OUT/chapters/$n.log" 2>&1 &
   pids+=($!)
 done
 wait "${pids[@]}"
