@@ -155,8 +155,8 @@ lock:  ## rewrite constraints.txt from the newest versions, once they pass in .v
 # (scripts/execute_chapters.py; executed notebooks and times.json in _build/checks/). Each prints one
 # line per chapter and fails when a chapter does.
 # A busy machine: one busy-loop process beside the chapters that time things.
-busy-check: setup  ## chapters 3 and 6-9 beside a busy-loop process
-	$(BIN)/python scripts/execute_chapters.py 3 6 7 8 9 --busy 1 --out _build/checks/busy
+busy-check: setup  ## chapters 1, 3 and 6-9 beside a busy-loop process
+	$(BIN)/python scripts/execute_chapters.py 1 3 6 7 8 9 --busy 1 --out _build/checks/busy
 # Every chapter in fp32 (TRANSFORMER_LIB_PRECISION=fp32), the precision of CPUs without native bf16.
 fp32-check: setup  ## every chapter in fp32
 	$(BIN)/python scripts/execute_chapters.py --precision fp32 --out _build/checks/fp32
