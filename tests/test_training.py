@@ -6,6 +6,7 @@ import os
 import re
 import signal
 import threading
+import types
 from unittest import mock
 
 import numpy as np
@@ -612,7 +613,9 @@ def test_fit_together_takes_processes_or_threads_only_where_that_keeps_results_e
     monkeypatch.setattr(
         Trainer, "fit", lambda self, callback=None: names.append(threading.current_thread().name) or self.history
     )
-    monkeypatch.setattr(training, "fit_in_processes", lambda runs, workers, callback: forked.append(len(runs)))
+    monkeypatch.setattr(
+        training, "fit_in_processes", lambda runs, workers, callback, ended=None: forked.append(len(runs))
+    )
     monkeypatch.setattr(training, "can_fork", lambda: True)
     training.fit_together(_runs(dropout=0.0))
     assert forked == [3] and names == []
@@ -627,6 +630,41 @@ def test_fit_together_takes_processes_or_threads_only_where_that_keeps_results_e
             training.fit_together(runs, workers=workers)
             assert names == ["MainThread"] * 3  # one after the other, in the caller's thread
     assert forked == [3]
+
+
+def test_fit_together_shows_one_bar_that_counts_the_runs_as_they_end(side_by_side, capsys, monkeypatch):
+    """One bar over the runs, updated once per run after its end, side by side and one after the other.
+    Side by side the runs' own bars are not shown (they would come from forked copies, or overwrite one
+    another from threads), and each trainer's own setting is its own again afterwards. progress=False
+    shows nothing; a value that is not a bool is refused before any run starts."""
+    runs = [trainer(tiny_gpt(s, dropout=0.0), steps=6, seed=s, progress=True) for s in (0, 1, 2)]
+    training.fit_together(runs)
+    err = capsys.readouterr().err
+    assert "runs:" in err and "0/3" in err
+    assert "training" not in err  # no run's own bar, from a thread or a process
+    assert all(t.config.progress and t.step == 6 for t in runs)
+
+    bar = types.SimpleNamespace(ended=[], closed=False)  # the runs that had ended at each update
+    bar.update = lambda n: bar.ended.append(sum(t.step == t.config.max_steps for t in runs))
+    bar.close = lambda: setattr(bar, "closed", True)
+    monkeypatch.setattr(training, "_runs_bar", lambda n_runs: bar if n_runs == 3 else None)
+    for t in runs:
+        t.config = dataclasses.replace(t.config, max_steps=9)
+    training.fit_together(runs)
+    assert bar.closed and len(bar.ended) == 3 and all(n >= i + 1 for i, n in enumerate(bar.ended))
+    bar.ended, bar.closed = [], False
+    for t in runs:
+        t.config = dataclasses.replace(t.config, max_steps=12)
+    training.fit_together(runs, workers=1)  # one after the other
+    assert bar.closed and bar.ended == [1, 2, 3]
+    capsys.readouterr()  # what the runs' own bars wrote, one after the other
+
+    training.fit_together([trainer(tiny_gpt(s, dropout=0.0), steps=6, seed=s) for s in (0, 1)], progress=False)
+    assert capsys.readouterr().err == ""
+    untouched = _runs(seeds=(0, 1))
+    with pytest.raises(TypeError, match="progress must be a bool, got str"):
+        training.fit_together(untouched, progress="yes")
+    assert all(t.step == 0 for t in untouched)
 
 
 def test_fit_together_raises_the_first_failure_after_every_run_ended(side_by_side):

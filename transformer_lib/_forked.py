@@ -131,11 +131,15 @@ class _Run:
 
 
 def fit_in_processes(
-    trainers: Sequence[Trainer], workers: int, callback: Callable[[Trainer], None] | None
+    trainers: Sequence[Trainer],
+    workers: int,
+    callback: Callable[[Trainer], None] | None,
+    ended: Callable[[], None] | None = None,
 ) -> list[History]:
     """Train each of ``trainers`` in its own forked process, ``workers`` at a time, in the trainers' order.
 
-    Returns the histories. Each trainer ends holding what its run's trainer held at the end. If runs
+    Returns the histories. Each trainer ends holding what its run's trainer held at the end, and
+    ``ended()``, if given, is called here each time a run has ended (a progress bar counts them). If runs
     fail, the first failing trainer's error (in the trainers' order) is raised once every run has
     ended; a failed run's trainer holds the state at its failure. An interrupt stops the runs in
     progress after their current step (their trainers hold that state) and starts no other.
@@ -150,6 +154,8 @@ def fit_in_processes(
                 running[run.conn] = run
             for ready in wait(list(running)):
                 _answer(running[cast(Connection, ready)], callback, errors, running)
+                if ready not in running and ended is not None:  # its end was read
+                    ended()
     except BaseException:  # an interrupt, or an error of this process's own: stop the runs, keep their states
         _stop(running, errors)
         raise

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NoReturn, cast
 
@@ -508,6 +508,7 @@ def fit_together(
     trainers: Sequence[Trainer],
     callback: Callable[[Trainer], None] | None = None,
     workers: int | None = None,
+    progress: bool = True,
 ) -> list[History]:
     """Train independent runs (seeds, the rows of an ablation) side by side on a CPU's cores.
 
@@ -536,6 +537,11 @@ def fit_together(
     iterator they advance, a list they fill) changes in the run's copy of this process, not here, and
     what they print is not shown: the callback, which runs here, is the place for both.
 
+    ``progress=True`` shows one bar (tqdm) that counts the runs as they end, so that a cell that trains a
+    dozen runs does not sit silent for minutes. Side by side, the runs' own bars are not shown (a forked
+    run's output goes nowhere, and bars from threads would overwrite one another); one after the other,
+    each run also shows its own bar, as its ``TrainConfig.progress`` says.
+
     If runs fail, the first failing trainer's exception is raised once every run has ended; a failed
     run's trainer holds the state it failed in. An interrupt (Ctrl-C, Jupyter's stop button) starts no
     further run; with processes each run in progress stops after its current step and its trainer keeps
@@ -551,6 +557,8 @@ def fit_together(
     models = [id(t.model) for t in trainers]
     if len(set(models)) < len(models):
         raise ValueError("two of the trainers train the same model (or are the same trainer): runs must be independent")
+    if not isinstance(progress, bool):
+        raise TypeError(f"progress must be a bool, got {type(progress).__name__}")
     n_cores = os.cpu_count() or 1
     workers = min(n_cores, len(trainers)) if workers is None else _validate_int("workers", workers, 1)
     side_by_side = workers > 1 and all(
@@ -560,15 +568,52 @@ def fit_together(
         and not _draws_global_random_numbers(t.model)
         for t in trainers
     )
-    if not side_by_side:
-        return [t.fit(callback=callback) for t in trainers]
-    if can_fork():
-        return fit_in_processes(trainers, workers, callback)
+    bar = _runs_bar(len(trainers)) if progress and len(trainers) > 1 else None
+    ended = None if bar is None else lambda: bar.update(1)
+    try:
+        if not side_by_side:
+            return [_fit_then(t, callback, ended) for t in trainers]
+        if can_fork():
+            return fit_in_processes(trainers, workers, callback, ended=ended)
+        return _fit_in_threads(trainers, workers, callback, ended)
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def _runs_bar(n_runs: int) -> Any:
+    """A tqdm bar that counts ``n_runs`` runs as they end (tqdm's ``TQDM_DISABLE=1`` turns it off)."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=n_runs, desc="runs", unit="run", leave=False)
+
+
+def _fit_then(
+    trainer: Trainer, callback: Callable[[Trainer], None] | None, ended: Callable[[], None] | None
+) -> History:
+    """``trainer.fit(callback=callback)``, then ``ended()`` if given, whether the run ended well or not."""
+    try:
+        return trainer.fit(callback=callback)
+    finally:
+        if ended is not None:
+            ended()
+
+
+def _fit_in_threads(
+    trainers: list[Trainer],
+    workers: int,
+    callback: Callable[[Trainer], None] | None,
+    ended: Callable[[], None] | None,
+) -> list[History]:
+    """``fit_together`` where processes cannot fork: ``workers`` threads, one PyTorch thread each."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one PyTorch thread per run: the runs, not the products, share the cores
+    configs = [t.config for t in trainers]
+    for t in trainers:  # no bar of its own, as in a forked run: bars from threads would overwrite one another
+        t.config = replace(t.config, progress=False)
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fit_together")
     try:
-        futures = [pool.submit(t.fit, callback=callback) for t in trainers]
+        futures = [pool.submit(_fit_then, t, callback, ended) for t in trainers]
         for future in futures:  # wait for all, so that no run is still training when this raises
             future.exception()
     except BaseException:  # e.g. an interrupt: the runs not yet started never start
@@ -576,6 +621,8 @@ def fit_together(
         raise
     finally:
         torch.set_num_threads(threads)
+        for t, config in zip(trainers, configs, strict=True):
+            t.config = config
     pool.shutdown()
     return [future.result() for future in futures]  # raises the first failing run's exception
 
