@@ -683,7 +683,8 @@ def test_fit_together_raises_the_first_failure_after_every_run_ended(side_by_sid
 
 def test_what_a_forked_run_prints_goes_nowhere(monkeypatch, capfd):
     """A forked run's streams are copies of this process's (in a Jupyter kernel, the kernel's machinery,
-    which a forked copy must not use): what its batch function prints goes to the null device."""
+    which a forked copy must not use): what its batch function prints goes to the null device. (The
+    caller's own bar over the runs is switched off, so that anything written is the runs'.)"""
     if not training.can_fork():
         pytest.skip("forked runs need Linux")
     monkeypatch.setattr(training.os, "cpu_count", lambda: 2)
@@ -695,7 +696,7 @@ def test_what_a_forked_run_prints_goes_nowhere(monkeypatch, capfd):
             return batches(g)
 
         run.train_batches = loud_batches
-    training.fit_together(runs)
+    training.fit_together(runs, progress=False)
     assert [t.step for t in runs] == [15, 15]
     assert capfd.readouterr() == ("", "")
 
