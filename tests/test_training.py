@@ -632,6 +632,31 @@ def test_fit_together_takes_processes_or_threads_only_where_that_keeps_results_e
     assert forked == [3]
 
 
+@pytest.mark.parametrize("value, off", [("1", True), (" True", True), ("0", False), ("off", False), ("", False)])
+def test_tqdm_disable_switches_the_jupyter_widget_off_too(monkeypatch, value, off):
+    """The book build sets TQDM_DISABLE=1 so that no bar is saved in a page. tqdm's notebook bar ignores the
+    variable (it passes disable=False itself), so a Trainer in the build's kernels saved a hidden widget in
+    every training cell; the library's bars (the Trainer's and fit_together's) read it themselves."""
+    notebook = pytest.importorskip("tqdm.notebook")
+    import tqdm.auto
+
+    made, shown = [], []
+
+    class Widget(notebook.tqdm):  # what tqdm.auto gives in a Jupyter kernel, recorded
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append((kwargs["desc"], self.disable))  # as made: close() sets disable
+
+    monkeypatch.setattr(notebook, "display", lambda *objs, **kw: shown.extend(objs))
+    monkeypatch.setattr(tqdm.auto, "tqdm", Widget)
+    monkeypatch.setenv("TQDM_DISABLE", value)
+    trainer(tiny_gpt(dropout=0.0), steps=3, progress=True).fit()
+    training._runs_bar(3).close()
+    assert [desc for desc, _ in made] == ["training", "runs"]
+    assert all(disable is off for _, disable in made)
+    assert (shown == []) is off  # on, each bar's widget was displayed
+
+
 def test_fit_together_shows_one_bar_that_counts_the_runs_as_they_end(side_by_side, capsys, monkeypatch):
     """One bar over the runs, updated once per run after its end, side by side and one after the other.
     Side by side the runs' own bars are not shown (they would come from forked copies, or overwrite one

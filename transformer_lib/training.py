@@ -92,7 +92,7 @@ class TrainConfig:
     amp: bool = True  # mixed precision where it is native: see autocast_dtype
     compile: bool = False  # train through torch.compile(model)
     cuda_graph: bool = False  # on a CUDA GPU, replay each step as one CUDA graph
-    progress: bool = True  # a tqdm bar (the book build turns tqdm off with TQDM_DISABLE=1)
+    progress: bool = True  # a tqdm bar (progress_bar: the book build turns it off with TQDM_DISABLE=1)
 
     def __post_init__(self) -> None:
         problems = []
@@ -350,9 +350,7 @@ class Trainer:
         end = self.config.max_steps if steps is None else min(self.config.max_steps, self.step + steps)
         bar = None
         if self.config.progress and self.rank == 0:
-            from tqdm.auto import tqdm
-
-            bar = tqdm(total=max(0, end - self.step), desc="training", leave=False)
+            bar = progress_bar(total=max(0, end - self.step), desc="training", leave=False)
         was_training = self.model.training
         self.model.train()
         try:
@@ -582,10 +580,22 @@ def fit_together(
 
 
 def _runs_bar(n_runs: int) -> Any:
-    """A tqdm bar that counts ``n_runs`` runs as they end (tqdm's ``TQDM_DISABLE=1`` turns it off)."""
+    """A bar that counts ``n_runs`` runs as they end (:func:`progress_bar`)."""
+    return progress_bar(total=n_runs, desc="runs", unit="run", leave=False)
+
+
+def progress_bar(**kwargs: Any) -> Any:
+    """``tqdm.auto.tqdm(**kwargs)``: a text bar, or a widget in Jupyter; switched off (``disable=True``)
+    where the environment variable ``TQDM_DISABLE`` is set to anything but ``0``, ``false``, ``no``, ``off``
+    or nothing, as the book build sets it, so that no bar is saved in a page.
+
+    tqdm reads ``TQDM_DISABLE`` for its text bars only: its notebook bar passes ``disable=False`` on by
+    itself (tqdm 4.70), so that without this a kernel with the variable set still shows, and saves, the widget.
+    """
     from tqdm.auto import tqdm
 
-    return tqdm(total=n_runs, desc="runs", unit="run", leave=False)
+    flag = os.environ.get("TQDM_DISABLE", "").strip().lower()
+    return tqdm(disable=flag not in ("", "0", "false", "no", "off"), **kwargs)
 
 
 def _fit_then(
