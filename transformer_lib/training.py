@@ -92,7 +92,7 @@ class TrainConfig:
     amp: bool = True  # mixed precision where it is native: see autocast_dtype
     compile: bool = False  # train through torch.compile(model)
     cuda_graph: bool = False  # on a CUDA GPU, replay each step as one CUDA graph
-    progress: bool = True  # a tqdm bar (progress_bar: the book build turns it off with TQDM_DISABLE=1)
+    progress: bool = True  # a tqdm bar (_progress_bar: the book build turns it off with TQDM_DISABLE=1)
 
     def __post_init__(self) -> None:
         problems = []
@@ -350,7 +350,7 @@ class Trainer:
         end = self.config.max_steps if steps is None else min(self.config.max_steps, self.step + steps)
         bar = None
         if self.config.progress and self.rank == 0:
-            bar = progress_bar(total=max(0, end - self.step), desc="training", leave=False)
+            bar = _progress_bar(total=max(0, end - self.step), desc="training", leave=False)
         was_training = self.model.training
         self.model.train()
         try:
@@ -580,17 +580,18 @@ def fit_together(
 
 
 def _runs_bar(n_runs: int) -> Any:
-    """A bar that counts ``n_runs`` runs as they end (:func:`progress_bar`)."""
-    return progress_bar(total=n_runs, desc="runs", unit="run", leave=False)
+    """A bar that counts ``n_runs`` runs as they end (:func:`_progress_bar`)."""
+    return _progress_bar(total=n_runs, desc="runs", unit="run", leave=False)
 
 
-def progress_bar(**kwargs: Any) -> Any:
+def _progress_bar(**kwargs: Any) -> Any:
     """``tqdm.auto.tqdm(**kwargs)``: a text bar, or a widget in Jupyter; switched off (``disable=True``)
     where the environment variable ``TQDM_DISABLE`` is set to anything but ``0``, ``false``, ``no``, ``off``
     or nothing, as the book build sets it, so that no bar is saved in a page.
 
-    tqdm reads ``TQDM_DISABLE`` for its text bars only: its notebook bar passes ``disable=False`` on by
-    itself (tqdm 4.70), so that without this a kernel with the variable set still shows, and saves, the widget.
+    tqdm reads ``TQDM_DISABLE`` for its text bars only: its notebook bar always passes ``disable`` on to
+    them (False unless given), which overrides the variable (tqdm 4.70), so that without this a kernel with
+    the variable set still shows the widget, and the build saves it in the page.
     """
     from tqdm.auto import tqdm
 
