@@ -847,9 +847,10 @@ def test_clip_gradients_equals_pytorchs_per_tensor_clipping():
 def test_a_clipped_step_equals_pytorchs_loop_to_the_last_bit():
     """The Trainer clips over the parameters it was built with (a list kept from construction, in the
     model's order): the same norm, so the same weights, as clip_grad_norm_(model.parameters()) in a
-    plain loop with the same AdamW, clipping at every step (max norm 0.05)."""
+    plain loop with the same AdamW, clipping at every step (max norm 0.05). Both in fp32: on a CPU with
+    native bf16 the Trainer's default amp=True would train in bf16, and the loop does not."""
     model_a, model_b = tiny_gpt(0, dropout=0.0), tiny_gpt(0, dropout=0.0)
-    t = trainer(model_a, steps=5, grad_clip=0.05, warmup_steps=0, min_lr=1e-3, lr=1e-3)
+    t = trainer(model_a, steps=5, grad_clip=0.05, warmup_steps=0, min_lr=1e-3, lr=1e-3, amp=False)
     opt = training.make_optimizer(model_b, 1e-3, t.config.weight_decay, t.config.betas, torch.device("cpu"))
     g = torch.Generator().manual_seed(7)
     norms = []
