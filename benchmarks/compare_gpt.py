@@ -22,7 +22,10 @@ the products as the step calls them (each layer's own operands, laid out as auto
 the other parts alone, and PyTorch's own cost per operator (the same step at a width where every
 kernel is next to nothing), against the step at its fastest. The step, the parts and these are
 timed in turn, the fastest of 20 rounds each, so that the machine's slow moments (on a shared VM,
-steps of one run can differ by 1.5x) weigh on all of them alike. The last line reads
+steps of one run can differ by 1.5x) weigh on all of them alike. On Linux the process keeps the
+memory it frees from the start (:func:`~transformer_lib.utils.keep_freed_memory`, which the library's
+Trainer calls on a CPU), so that no step of the reference, of the library or of the bound's products
+faults its tensors' pages in anew. The last line reads
 
     share_of_bound fp32=<library's share> bf16=<library's share, or none>
 
@@ -64,6 +67,7 @@ from transformer_lib.notebook.benchmark import (
 from transformer_lib.precision import head_product_dtype, native_dtype
 from transformer_lib.text import random_blocks
 from transformer_lib.training import Trainer
+from transformer_lib.utils import keep_freed_memory
 
 
 def race(args: argparse.Namespace, device: torch.device, low: torch.dtype | None) -> float:
@@ -254,10 +258,14 @@ def main() -> None:
     args = p.parse_args()
     device = get_device(args.device)
     low = native_dtype(device)
+    # The Trainer does this before it trains on a CPU; here from the start, so that the reference and the
+    # bound's products, timed in the same process, reuse freed memory from their first step too.
+    kept = device.type == "cpu" and keep_freed_memory()
     print(
         f"device={device} threads={torch.get_num_threads()} "
         f"capability={torch.backends.cpu.get_cpu_capability() if device.type == 'cpu' else device.type} "
-        f"native reduced precision: {low or 'none'}",
+        f"native reduced precision: {low or 'none'}"
+        + (" malloc keeps freed memory (all three engines)" if kept else ""),
         flush=True,
     )
     shares = {"fp32": race(args, device, None)}

@@ -33,7 +33,7 @@ from .checkpoint import CheckpointError as CheckpointError  # re-exported: it wa
 from .checkpoint import load_trainer, save_trainer, trainer_state
 from .cuda_graphs import GraphedStep
 from .precision import autocast_dtype
-from .utils import batch_to, get_device
+from .utils import batch_to, get_device, keep_freed_memory
 
 Batch = Any
 BatchFn = Callable[[torch.Generator], Batch]
@@ -339,6 +339,8 @@ class Trainer:
         scaler, for which an infinite gradient is routine) raises :class:`NonFiniteLossError` naming
         the first such step, at the next log interval, where the loop syncs anyway; so does one in
         validation, before the callback runs. At ``max_steps`` already, ``ValueError``.
+
+        On a CPU it first makes the process keep the memory it frees (:func:`~transformer_lib.utils.keep_freed_memory`).
         """
         steps = None if steps is None else _validate_int("steps", steps, 0)
         if self.step >= self.config.max_steps:
@@ -348,6 +350,8 @@ class Trainer:
                 f"trainer.config, max_steps={2 * self.config.max_steps}); the cosine schedule then stretches to it"
             )
         end = self.config.max_steps if steps is None else min(self.config.max_steps, self.step + steps)
+        if self.device.type == "cpu":
+            keep_freed_memory()  # otherwise every step faults its activations' pages in anew
         bar = None
         if self.config.progress and self.rank == 0:
             bar = _progress_bar(total=max(0, end - self.step), desc="training", leave=False)
