@@ -869,10 +869,13 @@ def test_a_clipped_step_equals_pytorchs_loop_to_the_last_bit():
 
 
 PAGE_FAULTS_PROBE = """\
-import resource, sys
+import ctypes, resource, sys
 import torch
 from transformer_lib import GPT, GPTConfig, training
 from transformer_lib.text import random_blocks
+# glibc's defaults fault a step's pages in anew in some runs and not in others (its threshold moves):
+# fix the threshold at its starting value, 128 KiB (M_MMAP_THRESHOLD), so that they do in every run.
+ctypes.CDLL(None).mallopt(-3, 128 << 10)
 if sys.argv[1] == "without":
     training.keep_freed_memory = lambda: False  # the Trainer as it was before it kept freed memory
 torch.set_num_threads(1)
@@ -897,9 +900,10 @@ def test_a_cpu_trainer_keeps_freed_memory_so_its_steps_fault_no_pages():
                               timeout=300)  # fmt: skip
         assert done.returncode == 0, done.stderr
         faults[how] = float(done.stdout.split()[-1])
-    # Measured here: 0.03 a step with it, 270-1,250 without (activations of 512 KiB-2 MiB mapped anew).
-    assert faults["with"] < 10, faults
-    assert faults["without"] > 50, faults  # the probe can tell: glibc's defaults fault every step
+    # Measured here: 0.03-26 a step with it (the machine's own reclaim can take a page back now and then),
+    # thousands without (activations of 512 KiB-2 MiB mapped anew).
+    assert faults["with"] < 60, faults
+    assert faults["without"] > 300, faults  # the probe can tell
 
 
 def test_keep_freed_memory_changes_nothing_where_the_c_library_is_not_glibc(monkeypatch):

@@ -140,10 +140,11 @@ def keep_freed_memory() -> bool:
     """Make the C library's allocator keep the memory a process frees, for reuse; say whether it took.
 
     A training step frees and allocates the same activations every step. glibc's ``malloc`` (Linux)
-    gives each block above 128 KiB its own fresh mapping and unmaps it when it is freed, and returns
-    the free memory at the top of its heap to the kernel; so the kernel maps and zeroes the same pages
-    again every step. On nanoGPT's CPU recipe that is about a thousand page faults a step, a few
-    microseconds each in a virtual machine: a tenth of a bf16 step or more. This raises both
+    gives a large block its own fresh mapping and unmaps it when it is freed (above a threshold that
+    starts at 128 KiB and moves as the process runs), and returns the free memory at the top of its
+    heap to the kernel; so in most runs the kernel maps and zeroes the same pages again every step. On
+    nanoGPT's CPU recipe that was 650-2,150 page faults a step (in 22 of 24 runs here), a few
+    microseconds each in a virtual machine; without them a step took 3-7% less. This raises both
     thresholds (``mallopt``: blocks up to 32 MiB from the heap, up to 1 GiB of free memory kept),
     so that after the first steps a step faults almost no page. The process then keeps the memory
     it freed rather than returning it, up to those sizes. No result changes: only where PyTorch's
