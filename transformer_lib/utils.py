@@ -144,7 +144,8 @@ def keep_freed_memory() -> bool:
     starts at 128 KiB and moves as the process runs), and returns the free memory at the top of its
     heap to the kernel; so in most runs the kernel maps and zeroes the same pages again every step. On
     nanoGPT's CPU recipe that was 650-2,150 page faults a step (in 22 of 24 runs here), a few
-    microseconds each in a virtual machine; without them a step took 3-7% less. This raises both
+    microseconds each in a virtual machine; without them a step took 3-7% less (two runs side by side,
+    one core each). This raises both
     thresholds (``mallopt``: blocks up to 32 MiB from the heap, up to 1 GiB of free memory kept),
     so that after the first steps a step faults almost no page. The process then keeps the memory
     it freed rather than returning it, up to those sizes. No result changes: only where PyTorch's
@@ -152,8 +153,8 @@ def keep_freed_memory() -> bool:
     on a CPU; it acts once per process (a forked process inherits it).
 
     Returns False, and changes nothing, where the C library is not glibc (macOS, Windows, musl).
-    Where another allocator is preloaded (tcmalloc, as on Colab), ``mallopt`` is that allocator's,
-    which keeps freed memory anyway.
+    Where another allocator is preloaded (``LD_PRELOAD`` of tcmalloc or jemalloc), the call reaches
+    that allocator's ``mallopt``, if it has one; such allocators keep freed memory for reuse anyway.
     """
     if not sys.platform.startswith("linux"):
         return False
