@@ -3,6 +3,7 @@ import io
 import math
 import multiprocessing
 import os
+import platform
 import re
 import signal
 import subprocess
@@ -873,9 +874,10 @@ import ctypes, resource, sys
 import torch
 from transformer_lib import GPT, GPTConfig, training
 from transformer_lib.text import random_blocks
+from transformer_lib.utils import _M_MMAP_THRESHOLD
 # glibc's defaults fault a step's pages in anew in some runs and not in others (its threshold moves):
-# fix the threshold at its starting value, 128 KiB (M_MMAP_THRESHOLD), so that they do in every run.
-ctypes.CDLL(None).mallopt(-3, 128 << 10)
+# fix the threshold at its starting value, 128 KiB, so that they do in every run.
+ctypes.CDLL(None).mallopt(_M_MMAP_THRESHOLD, 128 << 10)
 if sys.argv[1] == "without":
     training.keep_freed_memory = lambda: False  # the Trainer as it was before it kept freed memory
 torch.set_num_threads(1)
@@ -891,9 +893,9 @@ print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 30)
 """
 
 
-@pytest.mark.skipif(not training.keep_freed_memory(), reason="the C library is not glibc: nothing to keep")
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the C library is not glibc: nothing to keep")
 def test_a_cpu_trainer_keeps_freed_memory_so_its_steps_fault_no_pages():
-    # In a fresh process each: this process's allocator is already set (by the skipif and earlier tests).
+    # In a fresh process each: this process's allocator may already be set by earlier tests' Trainers.
     faults = {}
     for how in ("with", "without"):
         done = subprocess.run([sys.executable, "-c", PAGE_FAULTS_PROBE, how], capture_output=True, text=True,
