@@ -608,6 +608,20 @@ def test_fit_together_equals_one_run_after_the_other(side_by_side):
         assert torch.equal(a.generator.get_state(), b.generator.get_state())
 
 
+def test_fit_together_runs_the_callback_with_one_thread_and_gives_the_callers_count_back(side_by_side):
+    """The callback runs while the other runs hold the other cores: with one PyTorch thread, as a run trains
+    (a second thread would wait on a busy core: chapter 4's callback took 73-103 ms a call instead of 43)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    seen = []
+    try:
+        training.fit_together(_runs(steps=10), callback=lambda t: seen.append(torch.get_num_threads()), progress=False)
+        assert torch.get_num_threads() == 2  # the caller's count, given back
+    finally:
+        torch.set_num_threads(threads)
+    assert seen == [1] * 6  # three runs, evaluated at steps 0 and 10
+
+
 def test_fit_together_takes_processes_or_threads_only_where_that_keeps_results_exact(monkeypatch):
     """Side by side only for several CPU workers, no dropout (it draws from the one global generator) and
     no compiling; in processes where the platform forks, else in threads."""

@@ -522,9 +522,10 @@ def fit_together(
     1.4x as long per step in two threads as alone), while a process trains at its core's full speed.
     Elsewhere (macOS, Windows) each run trains in a thread of this process. Either way the call is
     ``trainer.fit(callback=callback)``, and ``callback(trainer)`` runs after each of a run's
-    evaluations, in eval mode without gradients; with processes it runs here, in the calling thread,
-    while the run waits, on the trainer holding the run's weights, step and history of that moment,
-    and the run goes on from the weights as the callback left them. Returns the histories, in the
+    evaluations, in eval mode without gradients, with one PyTorch thread (the other runs hold the other
+    cores); with processes it runs here, in the calling thread, while the run waits, on the trainer
+    holding the run's weights, step and history of that moment, and the run goes on from the weights
+    as the callback left them. Returns the histories, in the
     trainers' order; each trainer ends holding its run's weights, optimizer state, step, data
     generator and history.
 
