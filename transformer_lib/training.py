@@ -525,9 +525,8 @@ def fit_together(
     evaluations, in eval mode without gradients, with one PyTorch thread (the other runs hold the other
     cores); with processes it runs here, in the calling thread, while the run waits, on the trainer
     holding the run's weights, step and history of that moment, and the run goes on from the weights
-    as the callback left them. Returns the histories, in the
-    trainers' order; each trainer ends holding its run's weights, optimizer state, step, data
-    generator and history.
+    as the callback left them. Returns the histories, in the trainers' order; each trainer ends
+    holding its run's weights, optimizer state, step, data generator and history.
 
     The result is exactly that of ``trainer.fit(callback=callback)`` one after the other with
     ``torch.set_num_threads(1)`` (tested, both ways), because each run only draws from its own
