@@ -145,11 +145,10 @@ def keep_freed_memory() -> bool:
     heap to the kernel; so in most runs the kernel maps and zeroes the same pages again every step. On
     nanoGPT's CPU recipe that was 650-2,150 page faults a step (in 22 of 24 runs here), a few
     microseconds each in a virtual machine; without them a step took 3-7% less (two runs side by side,
-    one core each). This raises both
-    thresholds (``mallopt``: blocks up to 32 MiB from the heap, up to 1 GiB of free memory kept),
-    so that after the first steps a step faults almost no page. The process then keeps the memory
-    it freed rather than returning it, up to those sizes. No result changes: only where PyTorch's
-    CPU tensors get their memory. :class:`~transformer_lib.training.Trainer` calls it before it trains
+    one core each). This raises both thresholds (``mallopt``: blocks up to 32 MiB from the heap, up to
+    1 GiB of free memory kept), so that after the first steps a step faults almost no page. The process
+    then keeps the memory it freed rather than returning it, up to those sizes. No result changes: only
+    where PyTorch's CPU tensors get their memory. :class:`~transformer_lib.training.Trainer` calls it before it trains
     on a CPU; it acts once per process (a forked process inherits it).
 
     Returns False, and changes nothing, where the C library is not glibc (macOS, Windows, musl).
