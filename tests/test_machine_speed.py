@@ -23,22 +23,26 @@ def machine_speed():
 
 
 def test_the_measurement_is_the_training_step_on_one_thread(machine_speed, monkeypatch) -> None:
-    """A step made 30 ms slower reads 30 ms slower; it trains on one thread and gives the caller's count back."""
+    """A step made 100 ms slower reads about 100 ms slower; one thread, and the caller's count comes back."""
     threads_seen = []
     step = Trainer.train_step
     baseline = machine_speed.step_ms(warmup=2, rounds=3, steps=5)
 
     def slower_step(self, *batches):
         threads_seen.append(torch.get_num_threads())
-        time.sleep(0.03)
+        time.sleep(0.1)
         return step(self, *batches)
 
     monkeypatch.setattr(Trainer, "train_step", slower_step)
+    threads = torch.get_num_threads()
     torch.set_num_threads(2)
-    slowed = machine_speed.step_ms(warmup=2, rounds=3, steps=5)
-    assert 20 < slowed - baseline < 60, (baseline, slowed)
+    try:
+        slowed = machine_speed.step_ms(warmup=2, rounds=3, steps=5)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
+    assert 70 < slowed - baseline < 300, (baseline, slowed)  # per step, not per round of 5; room for a busy machine
     assert len(threads_seen) == 2 + 3 * 5 and set(threads_seen) == {1}  # every step timed or warmed, none else
-    assert torch.get_num_threads() == 2
 
 
 def test_the_last_line_gives_the_step_and_the_slowdown(machine_speed, monkeypatch, capsys) -> None:
