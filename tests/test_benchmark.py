@@ -14,6 +14,7 @@ import torch
 from transformer_lib import GPT, GPTConfig
 from transformer_lib.notebook import benchmark
 from transformer_lib.notebook.benchmark import (
+    Race,
     ReferenceGPT,
     copy_bytes_per_second,
     fastest_in_turn,
@@ -27,6 +28,7 @@ from transformer_lib.notebook.benchmark import (
     op_time_shares,
     op_times,
     products_as_called,
+    races_in_turn,
     reference_optimizer,
     step_part,
     step_parts,
@@ -424,6 +426,51 @@ def test_side_by_side_times_alongside_in_the_same_rotation():
         warmup=2,
     )
     assert plain.alongside_step is None
+
+
+def test_races_in_turn_rotate_every_engine_of_every_race_and_train_each_as_alone():
+    """Two races in one rotation: the four engines and the alongside take every place in turn on the same
+    batches, and each race ends exactly where it ends raced on its own (same weights, batches and recipe)."""
+
+    def new_race(lr: float, alongside=None) -> Race:
+        ours, ref = pair()
+        cfg = TrainConfig(max_steps=10, lr=lr, warmup_steps=2, progress=False, amp=False)
+        return Race(Trainer(ours, cfg, lambda g: None, device="cpu"), ref, alongside)
+
+    order = []
+    races = {"a": new_race(3e-3, alongside=lambda: order.append("a alongside")), "b": new_race(1e-3)}
+    for name, race in races.items():
+        race.trainer.model.register_forward_pre_hook(lambda module, args, name=name: order.append(f"{name} ours"))
+        race.reference.register_forward_pre_hook(lambda module, args, name=name: order.append(f"{name} reference"))
+
+    def batches():  # the same batches at every call of a new one
+        g = torch.Generator().manual_seed(1)
+        return lambda: random_blocks(DATA, 4, 16, g)
+
+    val = [random_blocks(DATA, 4, 16, torch.Generator().manual_seed(9))]
+    results = races_in_turn(races, batches(), val, warmup=3)
+    engines = ["a ours", "a reference", "a alongside", "b ours", "b reference"]
+    assert [order[5 * i : 5 * i + 5] for i in range(5)] == [engines[i:] + engines[:i] for i in range(5)]
+    assert results["a"].alongside_step is not None and results["b"].alongside_step is None
+    assert results["a"].steps == results["b"].steps == 10
+    for name, lr in (("a", 3e-3), ("b", 1e-3)):
+        alone = new_race(lr)
+        solo = train_side_by_side(alone.trainer, alone.reference, batches(), val, warmup=3)
+        assert results[name].ours_val_loss == solo.ours_val_loss
+        assert results[name].reference_val_loss == solo.reference_val_loss
+    assert results["a"].ours_val_loss != results["b"].ours_val_loss  # two different races, not one twice
+
+
+def test_races_in_turn_refuses_trainers_with_different_steps_left():
+    ours, ref = pair()
+    short = Race(Trainer(ours, TrainConfig(max_steps=8, progress=False), lambda g: None, device="cpu"), ref)
+    ours, ref = pair()
+    long = Race(Trainer(ours, TrainConfig(max_steps=9, progress=False), lambda g: None, device="cpu"), ref)
+    val = [random_blocks(DATA, 2, 16)]
+    with pytest.raises(ValueError, match=r"different numbers of steps left \({'short': 8, 'long': 9}\)"):
+        races_in_turn({"short": short, "long": long}, lambda: random_blocks(DATA, 2, 16), val)
+    with pytest.raises(ValueError, match="at least one Race"):
+        races_in_turn({}, lambda: random_blocks(DATA, 2, 16), val)
 
 
 def test_step_products_and_the_bound_run_each_product_once(monkeypatch):

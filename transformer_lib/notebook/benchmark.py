@@ -245,15 +245,55 @@ def train_side_by_side(
     alternates, and the first ``warmup`` steps (with any compilation) are left out of the
     medians. At the end both are evaluated on the same ``val_batches``. ``alongside()``, if given,
     is timed in the same rotation at every step, under the same load (e.g. the step's products
-    alone, :func:`step_products`): its median is ``alongside_step``.
+    alone, :func:`step_products`): its median is ``alongside_step``. :func:`races_in_turn` runs
+    several such races in one rotation.
     """
-    cfg, device = trainer.config, trainer.device
-    steps = cfg.max_steps - trainer.step if steps is None else steps
+    race = Race(trainer, reference, alongside, compile_reference)
+    return races_in_turn({"race": race}, batches, val_batches, steps, warmup)["race"]
+
+
+@dataclass
+class Race:
+    """One pair of :func:`races_in_turn`: the library's ``trainer``, the ``reference`` it races (nanoGPT's
+    loop in the trainer's recipe and precision), and what is timed beside them (see :func:`train_side_by_side`)."""
+
+    trainer: Trainer
+    reference: nn.Module
+    alongside: Callable[[], object] | None = None
+    compile_reference: bool = False
+
+
+def races_in_turn(
+    races: Mapping[str, Race],
+    batches: Callable[[], tuple[Tensor, Tensor]],
+    val_batches: Sequence[tuple[Tensor, Tensor]],
+    steps: int | None = None,
+    warmup: int = 5,
+) -> dict[str, SideBySide]:
+    """Several :func:`train_side_by_side` races at once, in one rotation: at every step, every race's two
+    engines and its ``alongside`` run once each, all on the same batch, and each takes every place in the
+    order in turn. So a comparison across races (the same engine in fp32 and in bf16, chapter 8) sees the
+    same machine load as one within a race; run one race after another instead, a shared machine's drift
+    between them can be larger than the difference measured. Each race keeps its own schedule and
+    optimizer; its result is what :func:`train_side_by_side` would return for it, under this load.
+    """
+    if not races:
+        raise ValueError("races must name at least one Race")
+    remaining = {name: r.trainer.config.max_steps - r.trainer.step for name, r in races.items()}
+    if steps is None and len(set(remaining.values())) > 1:
+        raise ValueError(f"the trainers have different numbers of steps left ({remaining}): pass steps=")
+    steps = next(iter(remaining.values())) if steps is None else steps
     if steps <= warmup:
         raise ValueError(f"steps must exceed warmup={warmup} to time anything, got {steps}")
-    reference.to(device).train()
-    trainer.model.train()
-    reference_step = reference_train_step(reference, trainer, compile_reference)
+    device = next(iter(races.values())).trainer.device
+    engines: dict[tuple[str, str], Callable[[Tensor, Tensor, int], object]] = {}
+    for name, r in races.items():
+        r.reference.to(device).train()
+        r.trainer.model.train()
+        engines[name, "ours"] = lambda x, y, i, trainer=r.trainer: trainer.train_step((x, y))
+        engines[name, "reference"] = reference_train_step(r.reference, r.trainer, r.compile_reference)
+        if r.alongside is not None:
+            engines[name, "alongside"] = lambda x, y, i, fn=r.alongside: fn()
 
     def timed(fn: Callable[[], object]) -> float:
         if device.type == "cuda":
@@ -264,33 +304,32 @@ def train_side_by_side(
             torch.cuda.synchronize()
         return time.perf_counter() - t0
 
-    times: dict[str, list[float]] = {"ours": [], "reference": [], "alongside": []}
-    first: dict[str, float] = {}
-    tokens = 0
+    times: dict[tuple[str, str], list[float]] = {key: [] for key in engines}
+    first: dict[tuple[str, str], float] = {}
+    keys, tokens = list(engines), 0
     for i in range(steps):
         x, y = batches()
         tokens = x.numel()
-        runs = {"ours": partial(trainer.train_step, (x, y)), "reference": partial(reference_step, x, y, i)}
-        if alongside is not None:
-            runs["alongside"] = alongside
-        names = list(runs)
-        for name in names[i % len(names) :] + names[: i % len(names)]:  # each takes every place in turn
-            seconds = timed(runs[name])
+        for key in keys[i % len(keys) :] + keys[: i % len(keys)]:  # each takes every place in turn
+            seconds = timed(partial(engines[key], x, y, i))
             if i == 0:
-                first[name] = seconds
+                first[key] = seconds
             if i >= warmup:
-                times[name].append(seconds)
-    return SideBySide(
-        ours_step=statistics.median(times["ours"]),
-        reference_step=statistics.median(times["reference"]),
-        ours_val_loss=mean_loss(trainer.model, val_batches),
-        reference_val_loss=mean_loss(reference, val_batches),
-        steps=steps,
-        tokens_per_step=tokens,
-        ours_first_step=first["ours"],
-        reference_first_step=first["reference"],
-        alongside_step=statistics.median(times["alongside"]) if alongside is not None else None,
-    )
+                times[key].append(seconds)
+    return {
+        name: SideBySide(
+            ours_step=statistics.median(times[name, "ours"]),
+            reference_step=statistics.median(times[name, "reference"]),
+            ours_val_loss=mean_loss(r.trainer.model, val_batches),
+            reference_val_loss=mean_loss(r.reference, val_batches),
+            steps=steps,
+            tokens_per_step=tokens,
+            ours_first_step=first[name, "ours"],
+            reference_first_step=first[name, "reference"],
+            alongside_step=statistics.median(times[name, "alongside"]) if r.alongside is not None else None,
+        )
+        for name, r in races.items()
+    }
 
 
 def train_step_flops(model: nn.Module, x: Tensor, y: Tensor) -> int:
