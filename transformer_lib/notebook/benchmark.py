@@ -9,7 +9,8 @@ library's precision of each run (fp32, or under the same autocast), so that a co
 between engines, not precisions. :func:`train_side_by_side` trains it and the library's model (through
 :class:`~transformer_lib.training.Trainer`) with the same schedule, alternating step by step on
 the same batches so that both see the same machine load, then evaluates both on the same
-validation batches.
+validation batches; :func:`races_in_turn` runs several such races (one per precision, say) in one
+rotation.
 """
 
 from __future__ import annotations
@@ -175,6 +176,17 @@ class SideBySide:
         return self.tokens_per_step / (self.ours_step if which == "ours" else self.reference_step)
 
 
+@dataclass
+class Race:
+    """One pair of :func:`races_in_turn`: the library's ``trainer``, the ``reference`` it races (nanoGPT's
+    loop in the trainer's recipe and precision), and what is timed beside them (see :func:`train_side_by_side`)."""
+
+    trainer: Trainer
+    reference: nn.Module
+    alongside: Callable[[], object] | None = None
+    compile_reference: bool = False
+
+
 @torch.no_grad()
 def mean_loss(model: nn.Module, batches: Sequence[tuple[Tensor, Tensor]]) -> float:
     """Mean loss of ``model(x, y)[1]`` over ``batches``, in eval mode and fp32, and eagerly: a model compiled
@@ -250,17 +262,6 @@ def train_side_by_side(
     """
     race = Race(trainer, reference, alongside, compile_reference)
     return races_in_turn({"race": race}, batches, val_batches, steps, warmup)["race"]
-
-
-@dataclass
-class Race:
-    """One pair of :func:`races_in_turn`: the library's ``trainer``, the ``reference`` it races (nanoGPT's
-    loop in the trainer's recipe and precision), and what is timed beside them (see :func:`train_side_by_side`)."""
-
-    trainer: Trainer
-    reference: nn.Module
-    alongside: Callable[[], object] | None = None
-    compile_reference: bool = False
 
 
 def races_in_turn(
