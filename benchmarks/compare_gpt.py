@@ -5,9 +5,12 @@ Both models (same size; nanoGPT's shakespeare_char-on-CPU shape by default) star
 same weights and train with the same recipe (AdamW, warm-up then cosine decay, clipping,
 dropout 0) on the same batches, alternating step by step so that both see the same machine
 load: the library's through its :class:`~transformer_lib.training.Trainer`, the reference
-through nanoGPT's loop. Then both are evaluated on the whole validation split. This runs once in
-fp32 and once more in the reduced precision the machine multiplies natively, if any (bf16 on a
-CPU with AVX512-BF16 or AMX and on recent GPUs; both models under the same autocast).
+through nanoGPT's loop. Then both are evaluated on the whole validation split. This is one race in
+fp32 and, where the machine multiplies a reduced precision natively (bf16 on a CPU with AVX512-BF16
+or AMX and on recent GPUs), a second race with both models under the same autocast. The two races
+step in one rotation (``races_in_turn``): at every step each engine of each race, and each race's
+bound below, runs once on the same batch, so that comparing one engine across the precisions (the
+"precision alone" line) is as fair as comparing the two engines within one.
 
 For each precision it prints the median milliseconds per step, tokens per second and validation
 loss of each model; the step's counted matrix arithmetic and the *bound*: those products alone, at
@@ -29,7 +32,7 @@ faults its tensors' pages in anew. The last line reads
 
     share_of_bound fp32=<library's share> bf16=<library's share, or none>
 
-    python benchmarks/compare_gpt.py                 # 2000 steps per precision, about 5 minutes on 2 cores
+    python benchmarks/compare_gpt.py                 # 2000 steps per precision, about 7 minutes on 2 cores
     python benchmarks/compare_gpt.py --iters 300     # speed only, roughly
     python benchmarks/compare_gpt.py --compile       # both compiled (nanoGPT's --compile=True)
 
@@ -41,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -48,7 +52,9 @@ from torch import Tensor
 from recipe import char_data, recipe_config, recipe_gpt, recipe_parser  # benchmarks/recipe.py, beside this script
 from transformer_lib import count_parameters, get_device, set_seed
 from transformer_lib.notebook.benchmark import (
+    Race,
     ReferenceGPT,
+    SideBySide,
     copy_bytes_per_second,
     fastest_in_turn,
     gpt_matmul_shapes,
@@ -58,9 +64,9 @@ from transformer_lib.notebook.benchmark import (
     library_step_products,
     op_time_shares,
     products_as_called,
+    races_in_turn,
     step_parts,
     synced,
-    train_side_by_side,
     train_step_bound,
     train_step_flops,
 )
@@ -70,14 +76,36 @@ from transformer_lib.training import Trainer
 from transformer_lib.utils import keep_freed_memory
 
 
-def race(args: argparse.Namespace, device: torch.device, low: torch.dtype | None) -> float:
-    """Race the two engines in one precision (``low`` under autocast, or fp32); print; return the library's share."""
+@dataclass
+class Shapes:
+    """The recipe's step: every matrix product's (M, K, N), its blocks' and its output head's."""
+
+    blocks: list[tuple[int, int, int]]
+    head: list[tuple[int, int, int]]
+    vocab_size: int
+
+
+@dataclass
+class PrecisionRace:
+    """One precision's race (the two engines from the same weights) and what its report adds to the result."""
+
+    name: str  # "fp32", or the reduced precision's name
+    low: torch.dtype | None  # the autocast dtype, or None: fp32
+    race: Race
+    how: str  # the precisions the bound's products multiply in
+
+
+def new_race(
+    args: argparse.Namespace, device: torch.device, low: torch.dtype | None, train: Tensor, shapes: Shapes
+) -> PrecisionRace | None:
+    """Both engines in one precision (``low`` under autocast, or fp32), from the same weights, with the step's
+    products in the library's precisions to time beside them; None where the library trains in another
+    precision here (``TRANSFORMER_LIB_PRECISION``)."""
     name = "fp32" if low is None else str(low).removeprefix("torch.")
-    tok, train, val = char_data(args)
     set_seed(args.seed)
-    ours = recipe_gpt(args, tok.vocab_size)
+    ours = recipe_gpt(args, shapes.vocab_size)
     reference = (
-        ReferenceGPT(tok.vocab_size, args.block_size, args.n_layer, args.n_head, args.d_model, bias=False)
+        ReferenceGPT(shapes.vocab_size, args.block_size, args.n_layer, args.n_head, args.d_model, bias=False)
         .copy_from(ours)
         .to(device)  # before its FLOPs are counted on a batch on the device
     )
@@ -89,39 +117,31 @@ def race(args: argparse.Namespace, device: torch.device, low: torch.dtype | None
     )
     if trainer.amp_dtype != low:  # TRANSFORMER_LIB_PRECISION overrides the hardware's choice
         print(f"{name}: skipped, the library trains in {trainer.amp_dtype or 'fp32'} here (TRANSFORMER_LIB_PRECISION)")
-        return float("nan")
-    n = (len(val) - 1) // args.block_size  # the whole validation split, in consecutive blocks
-    xs = val[: n * args.block_size].view(n, args.block_size).to(device)  # (n, block_size)
-    ys = val[1 : n * args.block_size + 1].view(n, args.block_size).to(device)
-    val_batches = list(zip(xs.split(args.batch_size), ys.split(args.batch_size), strict=True))
-    x, y = (
-        t.to(device) for t in random_blocks(train, args.batch_size, args.block_size, torch.Generator().manual_seed(0))
-    )
-    flops = train_step_flops(reference, x, y)  # forward + backward, one batch
-    shapes = gpt_matmul_shapes(x.numel(), args.d_model, 4 * args.d_model, tok.vocab_size)
-    blocks, head = shapes[:-3] * args.n_layer, shapes[-3:]  # every product of the step: n_layer blocks, one head
-    counted = sum(2 * m * k * n for m, k, n in blocks + head)
-    if counted != flops:
-        print(f"note: the shapes hold {counted / 1e9:.3f} GFLOP, the counter {flops / 1e9:.3f}")
-    products = library_step_products(blocks, head, low, device)  # the step's products in the library's precisions
+        return None
     if low is None:
         how = "every product in fp32"
     elif head_product_dtype(device, low) == torch.float32:
         how = f"the blocks' products in {name}, the output head's in fp32"
     else:  # a CUDA GPU under bf16: the head, too, multiplies bf16 operands (its logits fp32)
         how = f"every product in {name} (the output head's logits in fp32)"
-    fp32_rate = flops / train_step_bound(blocks + head, device=device)  # for attention's products, below
-    g = torch.Generator().manual_seed(args.seed)
-    result = train_side_by_side(
-        trainer,
-        reference,
-        lambda: tuple(t.to(device) for t in random_blocks(train, args.batch_size, args.block_size, g)),
-        val_batches,
-        alongside=products,  # timed in the same rotation as the two steps, under the same load
-    )
-    bound = result.alongside_step
+    products = library_step_products(shapes.blocks, shapes.head, low, device)  # in the library's precisions
+    return PrecisionRace(name, low, Race(trainer, reference, alongside=products), how)
+
+
+def report(
+    entry: PrecisionRace,
+    result: SideBySide,
+    flops: int,
+    x: Tensor,
+    y: Tensor,
+    args: argparse.Namespace,
+    fp32_rate: float,
+) -> float:
+    """Print one precision's race, its bound and where the library's step goes; return the library's share."""
+    trainer, device, bound = entry.race.trainer, entry.race.trainer.device, result.alongside_step
+    assert bound is not None  # every race times its products alongside
     print(
-        f"\n== {name}: both models {'under autocast ' + name if low is not None else 'in fp32'}"
+        f"\n== {entry.name}: both models {'under autocast ' + entry.name if entry.low is not None else 'in fp32'}"
         f"{', compiled' if args.compile else ''}; {result.steps} steps of {result.tokens_per_step} tokens"
     )
     for who, step, loss in (
@@ -133,14 +153,16 @@ def race(args: argparse.Namespace, device: torch.device, low: torch.dtype | None
             f"{flops / step / 1e9:.0f} GFLOP/s, val_loss {loss:.4f}, {bound / step:.0%} of the bound"
         )
     print(
-        f"the bound: the step's {flops / 1e9:.2f} GFLOP of products alone ({how}), timed beside the steps: "
+        f"the bound: the step's {flops / 1e9:.2f} GFLOP of products alone ({entry.how}), timed beside the steps: "
         f"{bound * 1000:.1f} ms (median)"
     )
     print(f"library over reference: {result.speedup:.2f}x")
     B, T = x.shape  # attention's own products, uncounted above: q k^T and weights @ v forward, 4 more backward
     attention_flops = 3 * 2 * (2 * B * T * T * args.d_model) * args.n_layer
     if device.type == "cpu":
-        where_the_time_goes(trainer, x, y, result.ours_step, bound, attention_flops / fp32_rate, low, products)
+        products = entry.race.alongside
+        assert products is not None
+        where_the_time_goes(trainer, x, y, result.ours_step, bound, attention_flops / fp32_rate, entry.low, products)
     else:  # the operator profile and the parts alone are the CPU's; a GPU's step is its kernels
         print("where the step goes on a GPU: benchmarks/mfu.py --profile lists each engine's kernels")
     return bound / result.ours_step
@@ -162,7 +184,7 @@ def where_the_time_goes(
     bound: float,
     attention_bound: float,
     low: torch.dtype | None,
-    products: Callable[[], None],
+    products: Callable[[], object],
 ) -> None:
     """The library's step part by part (the profiler's shares of the median step), with each part's
     time alone (its own kernels on the step's tensors, nothing else between them) and its bound; then,
@@ -252,6 +274,49 @@ def eager_floor(fastest: dict[str, float], others_alone: float) -> None:
     )
 
 
+def race_and_report(
+    entries: list[PrecisionRace],
+    args: argparse.Namespace,
+    device: torch.device,
+    train: Tensor,
+    val_batches: list[tuple[Tensor, Tensor]],
+    shapes: Shapes,
+    shares: dict[str, float],
+) -> None:
+    """Race every precision's two engines in one rotation, report each, and fill in the library's shares."""
+    x, y = (
+        t.to(device) for t in random_blocks(train, args.batch_size, args.block_size, torch.Generator().manual_seed(0))
+    )
+    flops = train_step_flops(entries[0].race.reference, x, y)  # forward + backward, one batch
+    counted = sum(2 * m * k * n for m, k, n in shapes.blocks + shapes.head)
+    if counted != flops:
+        print(f"note: the shapes hold {counted / 1e9:.3f} GFLOP, the counter {flops / 1e9:.3f}")
+    fp32_rate = flops / train_step_bound(shapes.blocks + shapes.head, device=device)  # for attention's products
+    print(
+        f"racing {' and '.join(e.name for e in entries)}: {args.iters} steps, every engine"
+        + (" of both precisions" if len(entries) > 1 else "")
+        + " in one rotation, on the same batches",
+        flush=True,
+    )
+    g = torch.Generator().manual_seed(args.seed)
+    results = races_in_turn(
+        {e.name: e.race for e in entries},
+        lambda: tuple(t.to(device) for t in random_blocks(train, args.batch_size, args.block_size, g)),
+        val_batches,
+    )
+    for entry in entries:
+        shares["fp32" if entry.low is None else "bf16"] = report(
+            entry, results[entry.name], flops, x, y, args, fp32_rate
+        )
+    if len(entries) == 2:  # one engine in two precisions, stepped in the same rotation: a fair ratio
+        fp32, mixed = results["fp32"], results[entries[1].name]
+        print(
+            f"\nprecision alone (each engine's fp32 median over its {entries[1].name} median, in the same rotation): "
+            f"library {fp32.ours_step / mixed.ours_step:.2f}x, "
+            f"reference {fp32.reference_step / mixed.reference_step:.2f}x"
+        )
+
+
 def main() -> None:
     p = recipe_parser(__doc__.splitlines()[0])
     p.add_argument("--compile", action="store_true", help="train both through torch.compile")
@@ -268,8 +333,18 @@ def main() -> None:
         + (" malloc keeps freed memory (all three engines)" if kept else ""),
         flush=True,
     )
-    shares = {"fp32": race(args, device, None)}
-    shares["bf16"] = race(args, device, low) if low == torch.bfloat16 else float("nan")
+    tok, train, val = char_data(args)
+    n = (len(val) - 1) // args.block_size  # the whole validation split, in consecutive blocks
+    xs = val[: n * args.block_size].view(n, args.block_size).to(device)  # (n, block_size)
+    ys = val[1 : n * args.block_size + 1].view(n, args.block_size).to(device)
+    val_batches = list(zip(xs.split(args.batch_size), ys.split(args.batch_size), strict=True))
+    products = gpt_matmul_shapes(args.batch_size * args.block_size, args.d_model, 4 * args.d_model, tok.vocab_size)
+    shapes = Shapes(products[:-3] * args.n_layer, products[-3:], tok.vocab_size)  # n_layer blocks, one head
+    lows = [None] + ([low] if low == torch.bfloat16 else [])
+    entries = [entry for dtype in lows if (entry := new_race(args, device, dtype, train, shapes)) is not None]
+    shares = {"fp32": float("nan"), "bf16": float("nan")}  # nan: printed as none
+    if entries:
+        race_and_report(entries, args, device, train, val_batches, shapes, shares)
     print(
         "\n"
         + "share_of_bound "

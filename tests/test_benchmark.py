@@ -223,8 +223,9 @@ def test_train_gpt_script_prints_speed_and_loss_last(tmp_path):
 
 @pytest.mark.benchmark
 def test_compare_gpt_script_prints_each_precisions_share_of_the_bound_last(tmp_path):
-    """One race per precision the machine runs natively; each prints both losses (equal to rounding: the same
-    weights, batches and recipe), the bound, the parts of the step, and the last line gives the shares."""
+    """One race per precision the machine runs natively, all in one rotation; each prints both losses (equal to
+    rounding: the same weights, batches and recipe), the bound, the parts of the step; with two, a line compares
+    each engine across the precisions; the last line gives the shares."""
     from transformer_lib.precision import native_dtype
 
     lines = script_lines("compare_gpt.py", "--iters", "12", tmp_path=tmp_path)
@@ -238,6 +239,10 @@ def test_compare_gpt_script_prints_each_precisions_share_of_the_bound_last(tmp_p
     for reference, ours in zip(losses[::2], losses[1::2], strict=True):
         assert abs(reference - ours) < 0.05
     assert sum(line.startswith("the bound: ") for line in lines) == races
+    assert sum(line.startswith("racing ") and "in one rotation" in line for line in lines) == 1
+    alone = r"precision alone \(.*\): library (\d+\.\d\d)x, reference (\d+\.\d\d)x"
+    ratios = [(float(m[1]), float(m[2])) for line in lines if (m := re.search(alone, line))]
+    assert len(ratios) == races - 1 and all(0 < r < 10 for pair in ratios for r in pair)
     assert sum("matrix products" in line for line in lines) == races
     assert sum("the parts' bounds add up to" in line for line in lines) == races
     in_turn = r"timed in turn \(the fastest of 20 rounds each\): the step (\d+\.\d) ms .* the parts alone (\d+\.\d) ms"
