@@ -466,7 +466,7 @@ def test_races_in_turn_rotate_every_engine_of_every_race_and_train_each_as_alone
     assert results["a"].ours_val_loss != results["b"].ours_val_loss  # two different races, not one twice
 
 
-def test_races_in_turn_refuses_trainers_with_different_steps_left():
+def test_races_in_turn_refuses_trainers_with_different_steps_left_or_devices():
     ours, ref = pair()
     short = Race(Trainer(ours, TrainConfig(max_steps=8, progress=False), lambda g: None, device="cpu"), ref)
     ours, ref = pair()
@@ -476,6 +476,11 @@ def test_races_in_turn_refuses_trainers_with_different_steps_left():
         races_in_turn({"short": short, "long": long}, lambda: random_blocks(DATA, 2, 16), val)
     with pytest.raises(ValueError, match="at least one Race"):
         races_in_turn({}, lambda: random_blocks(DATA, 2, 16), val)
+    long.trainer.config = short.trainer.config
+    long.trainer.device = torch.device("meta")  # as a trainer on another device would hold it
+    one_device = r"one device, to share each step's batch, got {'short': 'cpu', 'long': 'meta'}"
+    with pytest.raises(ValueError, match=one_device):
+        races_in_turn({"short": short, "long": long}, lambda: random_blocks(DATA, 2, 16), val)
 
 
 def test_step_products_and_the_bound_run_each_product_once(monkeypatch):

@@ -286,6 +286,9 @@ def races_in_turn(
     steps = next(iter(remaining.values())) if steps is None else steps
     if steps <= warmup:
         raise ValueError(f"steps must exceed warmup={warmup} to time anything, got {steps}")
+    devices = {name: str(r.trainer.device) for name, r in races.items()}
+    if len(set(devices.values())) > 1:  # every engine steps on the one batch drawn per step
+        raise ValueError(f"the races must train on one device, to share each step's batch, got {devices}")
     device = next(iter(races.values())).trainer.device
     engines: dict[tuple[str, str], Callable[[Tensor, Tensor, int], object]] = {}
     for name, r in races.items():
