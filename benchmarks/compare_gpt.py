@@ -281,9 +281,8 @@ def race_and_report(
     train: Tensor,
     val_batches: list[tuple[Tensor, Tensor]],
     shapes: Shapes,
-    shares: dict[str, float],
-) -> None:
-    """Race every precision's two engines in one rotation, report each, and fill in the library's shares."""
+) -> dict[str, float]:
+    """Race every precision's two engines in one rotation and report each; return the library's shares."""
     x, y = (
         t.to(device) for t in random_blocks(train, args.batch_size, args.block_size, torch.Generator().manual_seed(0))
     )
@@ -304,10 +303,10 @@ def race_and_report(
         lambda: tuple(t.to(device) for t in random_blocks(train, args.batch_size, args.block_size, g)),
         val_batches,
     )
-    for entry in entries:
-        shares["fp32" if entry.low is None else "bf16"] = report(
-            entry, results[entry.name], flops, x, y, args, fp32_rate
-        )
+    shares = {
+        "fp32" if entry.low is None else "bf16": report(entry, results[entry.name], flops, x, y, args, fp32_rate)
+        for entry in entries
+    }
     if len(entries) == 2:  # one engine in two precisions, stepped in the same rotation: a fair ratio
         fp32, mixed = results["fp32"], results[entries[1].name]
         print(
@@ -315,6 +314,7 @@ def race_and_report(
             f"library {fp32.ours_step / mixed.ours_step:.2f}x, "
             f"reference {fp32.reference_step / mixed.reference_step:.2f}x"
         )
+    return shares
 
 
 def main() -> None:
@@ -344,7 +344,7 @@ def main() -> None:
     entries = [entry for dtype in lows if (entry := new_race(args, device, dtype, train, shapes)) is not None]
     shares = {"fp32": float("nan"), "bf16": float("nan")}  # nan: printed as none
     if entries:
-        race_and_report(entries, args, device, train, val_batches, shapes, shares)
+        shares |= race_and_report(entries, args, device, train, val_batches, shapes)
     print(
         "\n"
         + "share_of_bound "
