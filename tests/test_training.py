@@ -410,6 +410,37 @@ def test_the_precision_switch_overrides_the_hardware_for_every_device(monkeypatc
     assert autocast_dtype(cpu) is None and native_dtype(cpu) == torch.bfloat16  # the hardware, whatever is forced
 
 
+@pytest.mark.parametrize(
+    "cap, native",
+    [
+        ("AVX2", False),
+        ("avx512_core_vnni", False),
+        (" AVX512_CORE ", False),
+        ("AVX512_CORE_BF16", True),
+        ("AVX10_1_512_AMX", True),
+        ("ALL", True),
+        ("", True),
+    ],
+)
+def test_auto_leaves_bf16_where_onednn_is_capped_below_it(monkeypatch, cap, native):
+    monkeypatch.delenv("TRANSFORMER_LIB_PRECISION", raising=False)
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)  # a CPU with bf16 in hardware
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)  # ... that oneDNN may be told not to use
+    cpu = torch.device("cpu")
+    assert native_dtype(cpu) == (torch.bfloat16 if native else None)
+    assert autocast_dtype(cpu) == native_dtype(cpu)
+    monkeypatch.setenv("TRANSFORMER_LIB_PRECISION", "bf16")
+    assert autocast_dtype(cpu) == torch.bfloat16  # forcing bf16 still forces it
+
+
+def test_the_older_name_of_onednns_cap_counts_too(monkeypatch):
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
+    monkeypatch.setenv("DNNL_MAX_CPU_ISA", "AVX2")
+    assert native_dtype(torch.device("cpu")) is None
+
+
 @pytest.mark.parametrize("value", ["bogus", "float32", "fp8"])
 def test_an_unknown_precision_is_a_value_error_naming_the_choices(monkeypatch, value):
     monkeypatch.setenv("TRANSFORMER_LIB_PRECISION", value)

@@ -33,13 +33,31 @@ def precision_override() -> str:
     return value
 
 
+# oneDNN, which multiplies bf16 matrices on a CPU, uses bf16 instructions only from AVX512_CORE_BF16 up:
+# capped below that (its variable, checked here on a Zen 4 EPYC) it emulates them, at 2-70 GFLOP/s against ~350
+_ONEDNN_ISAS_WITHOUT_BF16 = frozenset(
+    {"sse41", "avx", "avx2", "avx2_vnni", "avx2_vnni_2", "avx512_core", "avx512_core_vnni"}
+)
+
+
+def onednn_capped_below_bf16() -> bool:
+    """Whether ``ONEDNN_MAX_CPU_ISA`` (or its older name ``DNNL_MAX_CPU_ISA``) keeps oneDNN from bf16 instructions.
+
+    Used to run a bf16 CPU as an AVX2-only one would (with ``ATEN_CPU_CAPABILITY=avx2``). oneDNN reads
+    the variable once, at its first product, so it must be set before the process starts.
+    """
+    isa = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or ""
+    return isa.strip().lower() in _ONEDNN_ISAS_WITHOUT_BF16
+
+
 def native_dtype(device: torch.device) -> torch.dtype | None:
     """The reduced precision that ``device`` multiplies natively, or None: what ``auto`` picks.
 
     CUDA: bf16 where the GPU has it, else fp16 (with loss scaling). CPU: bf16 only on
     processors that multiply bf16 matrices in hardware (AVX512-BF16 or AMX, e.g. recent
-    Xeon and EPYC), elsewhere bf16 is emulated and slower. Other devices: None. Unlike
-    :func:`autocast_dtype` it ignores ``TRANSFORMER_LIB_PRECISION``: it describes the hardware.
+    Xeon and EPYC) and only where oneDNN is not capped below them (:func:`onednn_capped_below_bf16`);
+    elsewhere bf16 is emulated and slower. Other devices: None. Unlike :func:`autocast_dtype` it
+    ignores ``TRANSFORMER_LIB_PRECISION``: it describes the hardware.
     """
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
@@ -48,7 +66,7 @@ def native_dtype(device: torch.device) -> torch.dtype | None:
             getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()
             or getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
         )
-        return torch.bfloat16 if native else None
+        return torch.bfloat16 if native and not onednn_capped_below_bf16() else None
     return None
 
 
