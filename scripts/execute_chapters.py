@@ -28,8 +28,9 @@ Usage: python scripts/execute_chapters.py [NUMBER ...] [options]   (default: eve
                   written too, with the cells it ran (their outputs and times)
   --allow-errors  run past a failing cell and record every failing cell, not only the first
 
-Exit status 1 when any chapter failed. `make busy-check`, `make fp32-check` and
-`make reseed-check` run it; tests/test_precision_runs.py calls ``run_chapters``.
+Exit status 1 when any chapter failed. `make busy-check`, `make fp32-check`, `make avx2-check`
+(with an AVX2-only CPU's kernels: the variables reach each kernel) and `make reseed-check` run it;
+tests/test_precision_runs.py calls ``run_chapters``.
 """
 
 from __future__ import annotations
