@@ -338,8 +338,10 @@ def main() -> None:
     xs = val[: n * args.block_size].view(n, args.block_size).to(device)  # (n, block_size)
     ys = val[1 : n * args.block_size + 1].view(n, args.block_size).to(device)
     val_batches = list(zip(xs.split(args.batch_size), ys.split(args.batch_size), strict=True))
-    products = gpt_matmul_shapes(args.batch_size * args.block_size, args.d_model, 4 * args.d_model, tok.vocab_size)
-    shapes = Shapes(products[:-3] * args.n_layer, products[-3:], tok.vocab_size)  # n_layer blocks, one head
+    d = args.d_model
+    # every product of one block, then the output head's three (forward, and the two of its backward)
+    per_block_and_head = gpt_matmul_shapes(args.batch_size * args.block_size, d, 4 * d, tok.vocab_size)
+    shapes = Shapes(per_block_and_head[:-3] * args.n_layer, per_block_and_head[-3:], tok.vocab_size)
     lows = [None] + ([low] if low == torch.bfloat16 else [])
     entries = [entry for dtype in lows if (entry := new_race(args, device, dtype, train, shapes)) is not None]
     shares = {"fp32": float("nan"), "bf16": float("nan")}  # nan: printed as none
