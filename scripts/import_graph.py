@@ -11,11 +11,13 @@ One exception, by name: ``ENTRY_POINTS``, command lines of the notebook layer th
 package folder so that ``python -m transformer_lib.grade`` is short. They count as notebook layer:
 the core may not import them, and they hold nothing but the call into the layer.
 
-The rule: no arrow from the core into the notebook layer, and no core module imports the
+The rules: no arrow from the core into the notebook layer; no core module imports the
 package itself (``transformer_lib/__init__.py``, e.g. ``from . import __version__``): the
-``__init__`` imports the core, not the other way round. ``tests/test_layers_imports.py``
-checks the rule with the functions here. The graph is read from the source with ``ast``
-(nothing is imported), including imports inside functions, which are marked ``(lazy)``.
+``__init__`` imports the core, not the other way round; and no import circle, in either layer,
+lazy imports included (a module that needs another at call time depends on it all the same).
+``tests/test_layers_imports.py`` checks the rules with the functions here. The graph is read
+from the source with ``ast`` (nothing is imported), including imports inside functions, which are
+marked ``(lazy)``.
 
 Usage: python scripts/import_graph.py [PACKAGE_DIR]   (default: transformer_lib next to scripts/)
 """
@@ -168,6 +170,87 @@ def missing(graph: dict[str, list[Edge]]) -> list[str]:
     ]
 
 
+class Circle(NamedTuple):
+    """Modules that reach each other through imports, and one shortest circle among them."""
+
+    modules: list[str]  # the group, sorted: a strongly connected component of the graph
+    arrows: list[Edge]  # a circle through modules[0]: each arrow's target imports the next, the last closes it
+
+
+def circles(graph: dict[str, list[Edge]]) -> list[Circle]:
+    """The import circles: every group of modules that reach each other (lazy arrows included), with one
+    shortest circle through its first module. A module importing itself is no circle."""
+    arrows: dict[str, dict[str, Edge]] = {}  # importer -> target -> its first edge (an eager one if any)
+    for module, edges in graph.items():
+        for e in sorted(edges, key=lambda e: e.lazy):
+            if e.target in graph and e.target != module:
+                arrows.setdefault(module, {}).setdefault(e.target, e)
+    # Tarjan's strongly connected components, iteratively.
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[list[str]] = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(arrows.get(start, {}))))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        while work:
+            node, targets = work[-1]
+            for t in targets:
+                if t not in index:
+                    index[t] = low[t] = len(index)
+                    stack.append(t)
+                    work.append((t, iter(sorted(arrows.get(t, {})))))
+                    break
+                if t in stack:
+                    low[node] = min(low[node], index[t])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    group = []
+                    while True:
+                        m = stack.pop()
+                        group.append(m)
+                        if m == node:
+                            break
+                    if len(group) > 1:
+                        groups.append(sorted(group))
+    found = []
+    for group in sorted(groups):
+        first, members = group[0], set(group)
+        came: dict[str, Edge] = {}  # module -> the arrow that first reached it, breadth-first from `first`
+        frontier = [first]
+        while first not in came:
+            reached = []
+            for m in frontier:
+                for t, e in sorted(arrows.get(m, {}).items()):
+                    if t in members and t not in came:
+                        came[t] = e
+                        reached.append(t)
+            frontier = reached
+        path, node = [], first
+        while True:
+            path.append(came[node])
+            node = came[node].importer
+            if node == first:
+                break
+        found.append(Circle(group, path[::-1]))
+    return found
+
+
+def format_circle(circle: Circle, package: str) -> str:
+    """A circle as a readable line: its group, then ``a -> b (lazy) -> a`` and where each arrow is."""
+    group = ", ".join(_short(m, package) for m in circle.modules)
+    names = [_short(circle.arrows[0].importer, package)]
+    names += [_short(e.target, package) + (" (lazy)" if e.lazy else "") for e in circle.arrows]
+    where = "; ".join(f"{e.path.name}:{e.line}: {e.statement}" for e in circle.arrows)
+    return f"import circle among {group}: {' -> '.join(names)} ({where})"
+
+
 def _short(name: str | None, package: str) -> str:
     """A module's name relative to the package; the package itself (its ``__init__``) is ``__init__``."""
     if name is None:
@@ -238,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     graph = import_graph(args.package_dir, errors)
     sys.stdout.write(format_graph(graph, args.package_dir.name, errors))
     bad = violations(graph, args.package_dir) + missing(graph) + [f"not parsed: {e}" for e in errors.values()]
+    bad += [format_circle(c, args.package_dir.name) for c in circles(graph)]
     for line in bad:
         print(f"VIOLATION: {line}", file=sys.stderr)
     return 1 if bad else 0

@@ -1,4 +1,4 @@
-"""The two-layer rule: the core (transformer_lib/*.py) never reaches into the notebook layer.
+"""The two-layer rule: the core (transformer_lib/*.py) never reaches into the notebook layer; and no import circle.
 
 The core is tensors in, tensors out, and must import with torch and numpy alone: no
 ``transformer_lib.notebook``, no widgets, plotting or Hugging Face libraries, and no upward
@@ -227,6 +227,37 @@ def test_every_core_import_names_an_existing_module(graph) -> None:
     core = {m: edges for m, edges in graph.items() if ig.layer(m, PACKAGE) == "core"}
     bad = ig.missing(core | {m: [] for m in graph if m not in core})
     assert not bad, "core imports of package modules that do not exist:\n  " + "\n  ".join(bad)
+
+
+def test_no_import_circle(graph) -> None:
+    """No group of modules imports each other, in either layer, imports inside functions included."""
+    found = [ig.format_circle(c, PACKAGE) for c in ig.circles(graph)]
+    assert not found, "import circles:\n  " + "\n  ".join(found)
+
+
+def test_circles_are_found_with_lazy_arrows_and_named_with_their_arrows(tmp_path) -> None:
+    """A made-up package: a -> b -> c -(lazy)-> a is one circle; d imports itself; e -> f is no circle."""
+    pkg = tmp_path / "fakepkg"
+    pkg.mkdir()
+    files = {
+        "__init__.py": "",
+        "a.py": "from .b import x\n",
+        "b.py": "from . import c\nx = 1\n",
+        "c.py": "import math\n\n\ndef f():\n    from fakepkg.a import x\n",
+        "d.py": "from . import d\n",
+        "e.py": "from .f import y\n",
+        "f.py": "y = 2\n",
+    }
+    for name, text in files.items():
+        (pkg / name).write_text(text)
+    found = ig.circles(ig.import_graph(pkg))
+    assert [c.modules for c in found] == [["fakepkg.a", "fakepkg.b", "fakepkg.c"]]
+    assert ig.format_circle(found[0], "fakepkg") == (
+        "import circle among a, b, c: a -> b -> c -> a (lazy) "
+        "(a.py:1: from .b import x; b.py:1: from . import c; c.py:5: from fakepkg.a import x)"
+    )
+    (pkg / "f.py").write_text("from .e import z\ny = 2\n")  # a second circle, e <-> f
+    assert [c.modules for c in ig.circles(ig.import_graph(pkg))][1] == ["fakepkg.e", "fakepkg.f"]
 
 
 def test_graph_check_reports_the_offending_arrows(tmp_path) -> None:

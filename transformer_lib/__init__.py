@@ -28,7 +28,7 @@ Two layers. The core is tensors in, tensors out, one module per idea:
 - ``interop``: weights from PyTorch's own Transformer modules (chapters 2, 3, 6)
 - ``utils``: device, seeds, parameter counts, timing, eval mode
 - ``_validate``: the input checks every entry point runs once
-- ``_eager``: the checks that read values, marked to run eagerly under torch.compile (imported only then)
+- ``_eager``: runs the checks that read values eagerly under torch.compile (imported only then)
 - ``_forked``: ``fit_together``'s runs, each in a forked process on Linux, its state sent back; the
   book build's ``explore`` pictures, drawn the same way
 

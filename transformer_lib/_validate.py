@@ -83,14 +83,14 @@ def _reads_are_free(t: Tensor) -> bool:
 def _validate_token_range(name: str, idx: Tensor, vocab_size: int) -> None:
     """:func:`_validate_token_values`; under torch.compile, run eagerly between the compiled graphs (it reads values).
 
-    The function marked to run so (``torch.compiler.disable``) lives in :mod:`._eager`, imported only
+    The call marked to run so (``torch.compiler.disable``) lives in :mod:`._eager`, imported only
     while torch.compile traces, when ``torch._dynamo`` is loaded already: importing it takes over a
     second, which a process that never compiles need not pay.
     """
     if torch.compiler.is_compiling():
-        from ._eager import validate_token_values_eagerly
+        from ._eager import eagerly
 
-        validate_token_values_eagerly(name, idx, vocab_size)
+        eagerly(_validate_token_values, name, idx, vocab_size)
     else:
         _validate_token_values(name, idx, vocab_size)
 
