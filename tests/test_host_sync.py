@@ -5,7 +5,8 @@ On a GPU, every read of a tensor's values on the host (``.item()``, ``int(t)``, 
 queued so far: the queue drains and the GPU idles while Python prepares the next step. On the CPU
 there is no queue, so these tests count the calls that *would* wait on a GPU, with the library's
 checks taking the path they take there (``_validate._HOST_DEVICES`` emptied: no device's values
-are free to read).
+are free to read). That path's check runs on the CPU too (``torch._assert_async`` checks a CPU
+tensor at once, in C++, unseen by the counter), so its Python is tested here.
 """
 
 from __future__ import annotations
@@ -113,3 +114,18 @@ def test_on_the_cpu_the_check_still_reads_the_ids_and_names_the_bad_one():
     model = GPT(GPTConfig(vocab_size=5, block_size=8, n_layers=1, n_heads=2, d_model=8))
     with pytest.raises(ValueError, match=r"token id 7, outside the vocabulary \[0, 5\)"):
         model(torch.tensor([[1, 7]]))
+
+
+def test_as_on_a_gpu_the_token_check_runs_without_a_read_and_still_refuses_a_bad_id(monkeypatch):
+    """The GPU path of the token check, run on the CPU: no value read, and a bad id still caught (by the
+    device-side assert, which on a CPU tensor raises at once). Fails if that path reads the ids again, or
+    checks nothing."""
+    model = GPT(GPTConfig(vocab_size=5, block_size=8, n_layers=1, n_heads=2, d_model=8))
+    good, bad = torch.tensor([[1, 4]]), torch.tensor([[1, 7]])
+    calls = count_host_reads(monkeypatch)
+    assert not _validate._reads_are_free(good)
+    model(good)
+    assert calls == [], calls
+    with pytest.raises(RuntimeError, match=r"idx: a token id outside \[0, 5\)"):
+        model(bad)
+    assert calls == [], calls

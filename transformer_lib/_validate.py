@@ -13,6 +13,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from ._compat import assert_async
+
 INTEGER_DTYPES = (torch.int64, torch.int32, torch.int16, torch.uint8)
 
 
@@ -98,19 +100,20 @@ def _validate_token_range(name: str, idx: Tensor, vocab_size: int) -> None:
 def _validate_token_values(name: str, idx: Tensor, vocab_size: int) -> None:
     """0 <= every id < vocab_size, checked without a host sync on a GPU.
 
-    On the CPU it reads the smallest and the largest id and raises a ValueError naming the bad one.
-    On a GPU that read would make every forward pass (every training step) wait for the GPU, so
-    there the check is queued on the device (``torch._assert_async``): no wait, but a bad id ends
-    the process with a device-side assert. For the clear error, check the ids on the CPU first.
-    Other devices rely on the embedding's own index check.
+    Where values are free to read (:func:`_reads_are_free`: the CPU) it reads the smallest and the
+    largest id and raises a ValueError naming the bad one. On a GPU that read would make every
+    forward pass (every training step) wait for the GPU, so there the check is queued on the device
+    (:func:`._compat.assert_async`): no wait, but a bad id ends the process with a device-side
+    assert (devices without that check, e.g. MPS, keep the embedding's own index check). For the
+    clear error, check the ids on the CPU first.
     """
     if _reads_are_free(idx):
         lo, hi = (int(v) for v in torch.aminmax(idx))
         if lo < 0 or hi >= vocab_size:
             bad = lo if lo < 0 else hi
             raise ValueError(f"{name} contains token id {bad}, outside the vocabulary [0, {vocab_size})")
-    elif idx.is_cuda:
-        torch._assert_async(((idx >= 0) & (idx < vocab_size)).all(), f"{name}: a token id outside [0, {vocab_size})")
+    else:
+        assert_async(((idx >= 0) & (idx < vocab_size)).all(), f"{name}: a token id outside [0, {vocab_size})")
 
 
 def _validate_mask(
