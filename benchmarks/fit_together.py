@@ -1,4 +1,4 @@
-"""Independent training runs one after the other against side by side (``training.fit_together``).
+"""Independent training runs one after the other against side by side (``notebook.runs.fit_together``).
 
 Trains ``--runs`` seeds of a small GPT (chapter 7's ablation size by default: 2 layers, d_model 64,
 batches of 16 x 64 characters) several ways, timing each: one after the other with PyTorch's default
@@ -22,9 +22,10 @@ from unittest import mock
 
 import torch
 
-from transformer_lib import GPT, GPTConfig, training
+from transformer_lib import GPT, GPTConfig
+from transformer_lib.notebook.runs import fit_together
 from transformer_lib.text import CharTokenizer, load_shakespeare, random_blocks, split_train_val
-from transformer_lib.training import TrainConfig, Trainer, fit_together
+from transformer_lib.training import TrainConfig, Trainer
 
 
 def main() -> None:
@@ -57,7 +58,6 @@ def main() -> None:
                 eval_steps=4,
                 seed=seed,
                 amp=False,
-                progress=False,
             )
             out.append(
                 Trainer(
@@ -81,7 +81,7 @@ def main() -> None:
         torch.set_num_threads(1)
         try:
             for t in trainers:
-                t.fit()
+                t.fit(progress=False)
         finally:
             torch.set_num_threads(threads)
 
@@ -89,18 +89,18 @@ def main() -> None:
         f"{args.runs} runs of {args.steps} steps, {sum(p.numel() for p in GPT(config).parameters()):,} parameters, "
         f"batches of {args.batch_size} x {args.block_size}, {torch.get_num_threads()} PyTorch threads by default"
     )
-    default, _ = timed(lambda ts: [t.fit() for t in ts])
+    default, _ = timed(lambda ts: [t.fit(progress=False) for t in ts])
     single, single_losses = timed(one_thread)
-    together, together_losses = timed(fit_together)
+    together, together_losses = timed(lambda ts: fit_together(ts, progress=False))
     rows = [
         ("one after the other, default threads", default),
         ("one after the other, one thread", single),
-        ("side by side (fit_together)" + (", processes" if training.can_fork() else ", threads"), together),
+        ("side by side (fit_together)" + (", processes" if runs.can_fork() else ", threads"), together),
     ]
     equal = single_losses == together_losses
-    if training.can_fork():
-        with mock.patch.object(training, "can_fork", lambda: False):  # as on a platform without fork
-            in_threads, thread_losses = timed(fit_together)
+    if runs.can_fork():
+        with mock.patch.object(runs, "can_fork", lambda: False):  # as on a platform without fork
+            in_threads, thread_losses = timed(lambda ts: fit_together(ts, progress=False))
         rows.append(("side by side in threads", in_threads))
         equal = equal and single_losses == thread_losses
     for name, seconds in rows:

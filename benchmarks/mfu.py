@@ -41,13 +41,9 @@ from torch import Tensor
 
 from recipe import char_data, recipe_config, recipe_gpt, recipe_parser  # benchmarks/recipe.py, beside this script
 from transformer_lib import count_parameters, get_device, precision, set_seed
-from transformer_lib.notebook.benchmark import (
-    ReferenceGPT,
-    matmul_flops_per_second,
-    op_times,
-    reference_train_step,
-    train_side_by_side,
-)
+from transformer_lib.notebook.benchmark import matmul_flops_per_second, op_times
+from transformer_lib.notebook.race import train_side_by_side
+from transformer_lib.notebook.reference_gpt import ReferenceGPT, reference_train_step
 from transformer_lib.text import random_blocks
 from transformer_lib.training import Trainer
 
@@ -130,7 +126,7 @@ def main() -> None:
     def unused(g: torch.Generator) -> tuple[Tensor, Tensor]:  # the Trainer's own batches: train_side_by_side
         return random_blocks(train, 1, 1, g)  # hands each step its batch instead
 
-    trainer = Trainer(ours, recipe_config(args, compile=compile_), unused, device=device)
+    trainer = Trainer(ours, recipe_config(args), unused, device=device, compile=compile_)
     g = torch.Generator().manual_seed(args.seed)
 
     def batch() -> tuple[Tensor, Tensor]:
@@ -170,7 +166,7 @@ def main() -> None:
         set_seed(args.seed)
         model = recipe_gpt(args, args.vocab_size)
         with mock.patch(target, value):
-            variant = Trainer(model, recipe_config(args, compile=compile_), unused, device=device)
+            variant = Trainer(model, recipe_config(args), unused, device=device, compile=compile_)
             try:
                 step = median_step(variant.train_step, batch, device, args.iters - args.warmup_steps, args.warmup_steps)
             except (RuntimeError, NotImplementedError) as e:  # a diagnostic row: say why, keep the others

@@ -68,6 +68,5 @@ def recipe_config(args: argparse.Namespace, **overrides) -> TrainConfig:
         betas=(0.9, 0.99),
         grad_clip=1.0,
         seed=args.seed,
-        progress=False,
         **overrides,
     )

@@ -30,15 +30,16 @@ from torch import distributed as dist
 
 from recipe import char_data, recipe_config, recipe_gpt, recipe_parser  # benchmarks/recipe.py, beside this script
 from transformer_lib import count_parameters, set_seed
+from transformer_lib.distributed import init_distributed
 from transformer_lib.text import random_blocks
-from transformer_lib.training import Trainer, init_distributed
+from transformer_lib.training import Trainer
 
 
 def main() -> None:
     p = recipe_parser(__doc__.splitlines()[0])
     p.add_argument("--eval-iters", type=int, default=200)
     p.add_argument("--eval-interval", type=int, default=250)
-    p.add_argument("--compile", action="store_true", help="train through torch.compile (TrainConfig.compile)")
+    p.add_argument("--compile", action="store_true", help="train through torch.compile (Trainer's compile)")
     args = p.parse_args()
 
     set_seed(args.seed)
@@ -50,7 +51,6 @@ def main() -> None:
         eval_interval=args.eval_interval,
         eval_steps=args.eval_iters,
         log_interval=args.eval_interval,
-        compile=args.compile,
     )
     trainer = Trainer(
         model,
@@ -59,6 +59,7 @@ def main() -> None:
         lambda g: random_blocks(val, args.batch_size, args.block_size, g),
         count=lambda batch: batch[0].numel(),
         device=device,
+        compile=args.compile,
     )
     say = print if trainer.rank == 0 else lambda *a, **k: None
     say(
@@ -67,7 +68,7 @@ def main() -> None:
         f"train_tokens={len(train):,} val_tokens={len(val):,}",
         flush=True,
     )
-    history = trainer.fit()
+    history = trainer.fit(progress=False)
     for step, loss in zip(history.eval_steps, history.val_loss, strict=True):
         say(f"step {step}: val_loss {loss:.4f}")
     tokens_per_s = history.items_per_second * trainer.world_size  # every process trains as many tokens

@@ -17,11 +17,6 @@ Usage: python scripts/execute_chapters.py [NUMBER ...] [options]   (default: eve
   --reseed K      execute a copy in which every seed literal a code cell sets has K added:
                   set_seed(0), manual_seed(1), seed=0, seed = 2, SEED = 0, SEEDS = (0, 1, 2)
                   (and lower-case ``seeds = (0, 1)``); prints how many it replaced per chapter
-  --cuda-graph    execute a copy in which every ``TrainConfig(...)`` a code cell calls also sets
-                  ``cuda_graph=True`` (each training step replayed as one CUDA graph; the option is
-                  ignored off CUDA, under torchrun and with compile): a chapter tried with graphed
-                  steps on a GPU before its code asks for them (scripts/gpu_check.sh, CUDA_GRAPH=1).
-                  Cells that write a file (``%%writefile``) are left as they are
   --out DIR       write the executed notebooks and times.json ({chapter: {seconds, ok, error,
                   errors, slowest_cells: [[cell index, seconds], ...], ...}}) there (a bare
                   `assert` is reported by its failing line); a chapter stopped part-way is
@@ -135,28 +130,6 @@ def reseed_notebook(nb, offset: int) -> int:
         if cell.cell_type == "code":
             cell.source, n = reseed_source(cell.source, offset)
             total += n
-    return total
-
-
-# A call of the Trainer's config (not ``TrainConfig,`` in an import or ``TrainConfig`` in a type hint).
-TRAIN_CONFIG_CALL = re.compile(r"\bTrainConfig\(")
-
-
-def graph_notebook(nb) -> int:
-    """Make every ``TrainConfig(...)`` call of ``nb``'s code cells also set ``cuda_graph=True`` (in place); how many.
-
-    The keyword goes first, so the chapters' calls, which pass keywords only, stay valid. A cell that writes
-    a file (``%%writefile``: a script that torchrun starts, where the option is ignored anyway) is left alone.
-    Raises ``ValueError`` if a call already sets ``cuda_graph``, which a second keyword would make a SyntaxError.
-    """
-    total = 0
-    for index, cell in enumerate(nb.cells):
-        if cell.cell_type != "code" or cell.source.lstrip().startswith("%%writefile"):
-            continue
-        if "cuda_graph=" in cell.source:
-            raise ValueError(f"cell {index} already sets cuda_graph: execute it without --cuda-graph")
-        cell.source, n = TRAIN_CONFIG_CALL.subn("TrainConfig(cuda_graph=True, ", cell.source)
-        total += n
     return total
 
 
@@ -301,7 +274,6 @@ def run_chapters(
     *,
     precision: str | None = None,
     reseed: int | None = None,
-    cuda_graph: bool = False,
     allow_errors: bool = False,
     out: Path | None = None,
     cwd: Path = CHAPTERS,
@@ -319,10 +291,6 @@ def run_chapters(
         replacements = reseed_notebook(nb, reseed) if reseed is not None else None
         if echo and replacements is not None:
             print(f"{path.stem}: {replacements} seed literals + {reseed}", flush=True)
-        if cuda_graph:
-            graphed = graph_notebook(nb)
-            if echo:
-                print(f"{path.stem}: cuda_graph=True in {graphed} TrainConfig call(s)", flush=True)
         try:
             run = execute(nb, path.stem, env, allow_errors=allow_errors, cwd=cwd)
         finally:  # a chapter stopped part-way (Ctrl-C, `timeout`) too: its cells run so far, with their times
@@ -341,7 +309,6 @@ def run_chapters(
                 "errors": [{"cell": i, "error": e} for i, e in r.errors],
                 "precision": env.get(PRECISION_ENV, "auto"),
                 "reseed": reseed,
-                "cuda_graph": cuda_graph,
                 "seed_replacements": r.replacements,
                 "slowest_cells": sorted(r.cell_seconds.items(), key=lambda kv: -kv[1])[:8],  # [index, seconds]
             }
@@ -357,7 +324,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--precision", choices=PRECISIONS, help=f"{PRECISION_ENV} in the kernels")
     parser.add_argument("--busy", type=int, default=0, metavar="N", help="busy-loop processes during the run")
     parser.add_argument("--reseed", type=int, metavar="K", help="add K to every seed literal")
-    parser.add_argument("--cuda-graph", action="store_true", help="cuda_graph=True in every TrainConfig call")
     parser.add_argument("--out", type=Path, metavar="DIR", help="executed notebooks and times.json")
     parser.add_argument("--allow-errors", action="store_true", help="record every failing cell")
     args = parser.parse_args(argv)
@@ -373,8 +339,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print(
         f"execute_chapters: {len(paths)} chapter(s), {PRECISION_ENV}={precision}, {args.busy} busy process(es)"
-        + (f", seeds + {args.reseed}" if args.reseed is not None else "")
-        + (", cuda_graph=True" if args.cuda_graph else ""),
+        + (f", seeds + {args.reseed}" if args.reseed is not None else ""),
         flush=True,
     )
     try:
@@ -383,7 +348,6 @@ def main(argv: list[str] | None = None) -> int:
                 paths,
                 precision=args.precision,
                 reseed=args.reseed,
-                cuda_graph=args.cuda_graph,
                 allow_errors=args.allow_errors,
                 out=args.out,
             )

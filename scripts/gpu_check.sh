@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # Everything the book runs differently on a CUDA GPU, in one go, its times and outputs written to OUT:
-#   1. benchmarks/mfu.py (GPT-2 small, compiled, bf16) with its diagnostic rows and kernel profile, then
-#      benchmarks/cuda_graphs.py (a small model's step, plain against replayed from a CUDA graph), the GPU alone;
+#   1. benchmarks/mfu.py (GPT-2 small, compiled, bf16) with its kernel profile, the GPU alone;
 #   2. tests/test_cuda.py, in the precision the GPU picks, then in fp16 with the loss scaler (a T4's path);
 #   3. every chapter in a fresh kernel, each in its own process and all at once beside the tests (the GPU
 #      shared: their times are upper bounds), executed with --allow-errors into OUT/chapters/N/ with its
@@ -10,10 +9,8 @@
 #
 # Usage: bash scripts/gpu_check.sh [OUT]                    (default OUT: _build/gpu_check)
 # Env:   CHAPTERS="7 9"  the chapters (default: every one)   CH_TIMEOUT  seconds per chapter (default 540)
-#        SKIP_MFU=1, SKIP_TESTS=1                             MFU_ARGS    (default: every diagnostic)
+#        SKIP_MFU=1, SKIP_TESTS=1                             MFU_ARGS    (default: --profile)
 #        MFU_TIMEOUT  seconds (default 240)                   PYTHON      (default: python3)
-#        CUDA_GRAPH=1  the chapters executed with every TrainConfig(cuda_graph=True): each training step
-#                      replayed as one CUDA graph (execute_chapters.py --cuda-graph), e.g. CHAPTERS="7 9"
 # Needs a CUDA GPU and the book's packages in PYTHON's environment (`make setup` with a CUDA build of torch).
 set -u
 cd "$(dirname "$0")/.."
@@ -29,13 +26,8 @@ else 'no CUDA GPU: mfu.py skipped, the CUDA tests skip, the chapters run on the 
 "$PY" -c "import torch; assert torch.cuda.is_available()" 2>/dev/null || SKIP_MFU=1
 if [ -z "${SKIP_MFU:-}" ]; then
   # shellcheck disable=SC2086  # MFU_ARGS is a list of flags
-  (cd benchmarks && timeout "${MFU_TIMEOUT:-240}" "$PY" mfu.py ${MFU_ARGS:---bf16-head --fp32-head --profile}) >"$OUT/mfu.txt" 2>&1
+  (cd benchmarks && timeout "${MFU_TIMEOUT:-240}" "$PY" mfu.py ${MFU_ARGS:---profile}) >"$OUT/mfu.txt" 2>&1
   stamp "mfu.py: exit $?, $OUT/mfu.txt"
-  for block in classic llama; do
-    flag=$([ "$block" = llama ] && echo --llama)
-    timeout 180 "$PY" benchmarks/cuda_graphs.py $flag >"$OUT/cuda_graphs_$block.txt" 2>&1
-    stamp "cuda_graphs.py $flag: exit $?, $(tail -n 1 "$OUT/cuda_graphs_$block.txt")"
-  done
 fi
 pids=()
 if [ -z "${SKIP_TESTS:-}" ]; then
@@ -50,7 +42,7 @@ fi
 for n in ${CHAPTERS:-$(seq 1 10)}; do
   # 3 CPU threads each: ten kernels share the machine's cores
   OMP_NUM_THREADS=3 timeout "${CH_TIMEOUT:-540}" "$PY" scripts/execute_chapters.py "$n" --out "$OUT/chapters/$n" \
-    --allow-errors $([ "${CUDA_GRAPH:-0}" = 1 ] && echo --cuda-graph) >"$OUT/chapters/$n.log" 2>&1 &
+    --allow-errors >"$OUT/chapters/$n.log" 2>&1 &
   pids+=($!)
 done
 wait "${pids[@]}"

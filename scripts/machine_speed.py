@@ -51,15 +51,14 @@ def step_ms(warmup: int = WARMUP, rounds: int = ROUNDS, steps: int = STEPS) -> f
             warmup_steps=total // 10,
             eval_interval=total,
             eval_steps=1,
-            progress=False,
             amp=False,
         )
         trainer = Trainer(model, config, lambda g: random_blocks(data, BATCH, BLOCK, g), device="cpu")
-        trainer.fit(warmup)  # includes the evaluation at step 0
+        trainer.fit(warmup, progress=False)  # includes the evaluation at step 0
         times = []
         for _ in range(rounds):
             start = time.perf_counter()
-            trainer.fit(steps)
+            trainer.fit(steps, progress=False)
             times.append((time.perf_counter() - start) / steps * 1e3)
         return statistics.median(times)
     finally:

@@ -13,6 +13,7 @@ Without ``tokenizers``/``transformers`` these tests are skipped, except with CI=
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from functools import lru_cache
 from pathlib import Path
@@ -407,3 +408,28 @@ def test_lone_surrogate_is_refused_clearly(trained):
         with pytest.raises(ValueError, match=r"surrogate U\+D800 at position 2"):
             method("ab\ud800c")
     assert trained.decode(trained.encode("ab\U0001f642c")) == "ab\U0001f642c"  # a real pair is one character
+
+
+def test_from_files_refuses_ids_that_are_not_plain_ints_and_names_the_file(tmp_path):
+    """A boolean id passed as 0 or 1 and silently dropped a byte symbol; other bad ids and files got the
+    backend's bare Exception. Each is a ValueError naming vocab_json or merges_txt, before the backend reads."""
+    tk = importorskip_unless_ci("tokenizers")
+    from transformer_lib.bpe import BPETokenizer
+
+    alphabet = sorted(tk.pre_tokenizers.ByteLevel.alphabet())
+    vocab = {c: i for i, c in enumerate(alphabet)}
+    for bad in (False, True, 3.0, "3", -1, [3], None):
+        with pytest.raises(ValueError, match=rf"vocab_json .* gives the token '!' the id {re.escape(repr(bad))}: ids"):
+            BPETokenizer.from_files(*_write_vocab(tmp_path, {**vocab, "!": bad}))
+    vocab_path, merges_path = _write_vocab(tmp_path, vocab)
+    vocab_path.write_text("{0: 1}", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"vocab_json .*vocab\.json' is not a UTF-8 JSON file"):
+        BPETokenizer.from_files(vocab_path, merges_path)
+    vocab_path.write_text("[1, 2]", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"must hold a JSON object \(token -> id\), got list"):
+        BPETokenizer.from_files(vocab_path, merges_path)
+    vocab_path, merges_path = _write_vocab(tmp_path, vocab)
+    for merges in ("#version: 0.2\nz z\n", "#version: 0.2\na  b\n"):  # "zz" not in the vocabulary; two spaces
+        merges_path.write_text(merges, encoding="utf-8")
+        with pytest.raises(ValueError, match=r"merges_txt .*merges\.txt' is not a list of merges of vocab_json"):
+            BPETokenizer.from_files(vocab_path, merges_path)

@@ -7,19 +7,19 @@ Two layers. The core is tensors in, tensors out, one module per idea:
 - ``positional``: sinusoidal, learned, rotary and ALiBi position encodings (chapter 4)
 - ``norms``: LayerNorm and RMSNorm written out (chapter 5)
 - ``layers``: feed-forward, encoder, decoder and decoder-only layers, Pre-LN and Post-LN (chapters 5, 6)
-- ``models``: the encoder-decoder, GPT and BERT-style models (chapters 6, 7, 10)
+- ``models``: the encoder-decoder, GPT and BERT-style models, each built from its config (chapters 6, 7, 10)
 - ``mlm``: BERT's masking recipe for masked-language-model pretraining (chapter 10)
 - ``sampling``: greedy, temperature, top-k and top-p (chapter 7)
 - ``decoding``: greedy and beam search for encoder-decoder models (chapter 6)
 - ``speculative``: speculative decoding: a draft GPT proposes, the target verifies, output = target's greedy
-- ``training``: the training engine: AdamW groups, schedule, clipping, mixed precision (chapters 4-9)
-- ``checkpoint``: the trainer's checkpoint files: checksummed, atomic, loaded all or nothing
-- ``cuda_graphs``: a training step replayed as one CUDA graph, for small models on a GPU
+- ``training``: the training engine: AdamW groups, schedule, clipping, mixed precision, state (chapters 4-10)
+- ``checkpoint``: the trainer's state on disk: ``torch.save``, written atomically, checked before it loads
+- ``distributed``: joining ``torchrun``'s process group, for data parallelism (chapter 8)
 - ``precision``: what runs in bf16 and what stays in fp32
 - ``export``: a GPT as an ONNX file (``torch.onnx.export``), run by ONNX Runtime
 - ``quantization``: int8 weights by hand (per-channel scales) and PyTorch's dynamic int8
 - ``distillation``: knowledge distillation's loss (soft targets at a temperature, plus the labels)
-- ``memory``: training memory measured from the tensors (weights, gradients, AdamW, activations), checkpointing
+- ``memory``: training memory measured from the tensors (weights, gradients, AdamW, activations, KV caches)
 - ``parallel``: tensor parallelism by hand: a feed-forward network split over processes (Megatron)
 - ``text``: Shakespeare's plays, a character tokenizer, batches from tensors or token files (chapters 5, 7)
 - ``bpe``: byte-level BPE: training, GPT-2 vocab/merges files, special tokens (chapter 7)
@@ -29,12 +29,11 @@ Two layers. The core is tensors in, tensors out, one module per idea:
 - ``utils``: device, seeds, parameter counts, timing, eval mode
 - ``_validate``: the input checks every entry point runs once
 - ``_eager``: runs the checks that read values eagerly under torch.compile (imported only then)
-- ``_forked``: ``fit_together``'s runs, each in a forked process on Linux, its state sent back; the
-  book build's ``explore`` pictures, drawn the same way
 
 The notebook layer, ``transformer_lib.notebook``, holds what only the chapters need (exercise
-checkers, widgets, attention views, plots, the speed race, the classroom grader); the core never
-imports it. One command line sits at the top for brevity and belongs to that layer:
+checkers, widgets, attention views, plots, independent runs side by side (``notebook.runs.fit_together``),
+the speed race, the classroom grader); the core never imports it. One command line sits at the top for
+brevity and belongs to that layer:
 
 - ``grade``: ``python -m transformer_lib.grade SUBMISSION.ipynb ...`` runs ``transformer_lib.notebook.grade``
 """
@@ -44,7 +43,7 @@ from importlib.metadata import PackageNotFoundError, version
 from .attention import KVCache, MultiHeadAttention, scaled_dot_product_attention
 from .layers import DecoderLayer, DecoderOnlyLayer, EncoderLayer, FeedForward
 from .masks import causal_mask, combine_masks, padding_mask, prefix_lm_mask
-from .models import GPT, EncoderOnlyTransformer, GPTConfig, Seq2SeqTransformer
+from .models import GPT, EncoderOnlyConfig, EncoderOnlyTransformer, GPTConfig, Seq2SeqConfig, Seq2SeqTransformer
 from .norms import LayerNorm, RMSNorm
 from .positional import (
     ALiBi,
@@ -75,8 +74,10 @@ __all__ = [
     "padding_mask",
     "prefix_lm_mask",
     "GPT",
+    "EncoderOnlyConfig",
     "EncoderOnlyTransformer",
     "GPTConfig",
+    "Seq2SeqConfig",
     "Seq2SeqTransformer",
     "LayerNorm",
     "RMSNorm",

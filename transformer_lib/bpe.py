@@ -66,6 +66,20 @@ def _validate_text(text: object) -> str:
     return text
 
 
+def _read_vocab(path: str | Path) -> dict[str, int]:
+    """``vocab_json``'s mapping token string -> id, each id a plain int >= 0 (not a bool, a float, a string)."""
+    try:
+        vocab = json.loads(Path(path).read_text(encoding="utf-8"))
+    except ValueError as e:  # not UTF-8, or not JSON
+        raise ValueError(f"vocab_json {str(path)!r} is not a UTF-8 JSON file: {e}") from None
+    if not isinstance(vocab, dict):
+        raise ValueError(f"vocab_json {str(path)!r} must hold a JSON object (token -> id), got {type(vocab).__name__}")
+    for token, i in vocab.items():
+        if type(i) is not int or i < 0:
+            raise ValueError(f"vocab_json {str(path)!r} gives the token {token!r} the id {i!r}: ids are ints >= 0")
+    return vocab
+
+
 def _validate_vocab(vocab: dict[str, int], alphabet: list[str]) -> None:
     """A byte-level vocabulary: every one of the 256 byte symbols, and ids 0 .. N-1 each given once."""
     missing = [c for c in alphabet if c not in vocab]
@@ -130,10 +144,14 @@ class BPETokenizer:
         for name, path in (("vocab_json", vocab_json), ("merges_txt", merges_txt)):
             if not Path(path).is_file():
                 raise FileNotFoundError(f"{name}: no file at {str(path)!r}")
-        model = tk.models.BPE.from_file(str(vocab_json), str(merges_txt))
-        _validate_vocab(
-            json.loads(Path(vocab_json).read_text(encoding="utf-8")), tk.pre_tokenizers.ByteLevel.alphabet()
-        )
+        _validate_vocab(_read_vocab(vocab_json), tk.pre_tokenizers.ByteLevel.alphabet())
+        try:  # the vocabulary is sound: what the backend refuses now is in the merges
+            model = tk.models.BPE.from_file(str(vocab_json), str(merges_txt))
+        except Exception as e:  # the backend raises a bare Exception
+            raise ValueError(
+                f"merges_txt {str(merges_txt)!r} is not a list of merges of vocab_json's tokens "
+                f"('#version' line, then one 'a b' per line, a, b and ab in vocab_json): {e}"
+            ) from None
         return cls(_gpt2_pipeline(tk.Tokenizer(model)), special_tokens)
 
     # --- the vocabulary -----------------------------------------------------------------

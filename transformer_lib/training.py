@@ -1,23 +1,21 @@
-"""The training engine of the chapters that train (4 to 9) and the benchmarks: a small, readable loop.
+"""The training engine of the chapters that train (4 to 10) and the benchmarks: one small loop.
 
 AdamW with weight-decay groups, linear warm-up then cosine decay, gradient clipping and accumulation,
 periodic evaluation, mixed precision where the hardware multiplies in it natively (:func:`autocast_dtype`)
-and data parallelism under ``torchrun``; the loop waits for the device only when it logs. Checkpoints are
-:mod:`transformer_lib.checkpoint`'s; a live loss plot is a ``fit`` callback (``notebook.plots.LivePlot``).
-An invalid :class:`TrainConfig` raises ``ValueError``; a NaN or infinite loss, :class:`NonFiniteLossError`.
+and data parallelism under ``torchrun``; the loop waits for the device only when it logs. The trainer's
+whole state is :meth:`Trainer.state_dict`, which :meth:`Trainer.save` writes with
+:mod:`transformer_lib.checkpoint`. An invalid :class:`TrainConfig` raises ``ValueError``; a NaN or
+infinite loss, :class:`NonFiniteLossError`.
 """
 
 from __future__ import annotations
 
-import inspect
 import math
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import asdict, dataclass, field, is_dataclass
 from typing import Any, NoReturn, cast
 
 import torch
@@ -25,15 +23,12 @@ from torch import Tensor, nn
 from torch import distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from ._forked import can_fork, fit_in_processes
+from . import checkpoint
 from ._validate import _validate_int, _validate_real
-from .attention import MultiHeadAttention
-from .checkpoint import CHECKPOINT_FORMAT as CHECKPOINT_FORMAT  # re-exported: it was defined here
-from .checkpoint import CheckpointError as CheckpointError  # re-exported: it was defined here
-from .checkpoint import load_trainer, save_trainer, trainer_state
-from .cuda_graphs import GraphedStep
+from .checkpoint import CheckpointError
+from .distributed import rank_and_world_size
 from .precision import autocast_dtype
-from .utils import batch_to, get_device, keep_freed_memory
+from .utils import batch_to, get_device
 
 Batch = Any
 BatchFn = Callable[[torch.Generator], Batch]
@@ -44,35 +39,16 @@ class NonFiniteLossError(FloatingPointError):
     """Training met a NaN or infinite loss (or gradient norm): :meth:`Trainer.fit` stops with this."""
 
 
-def _validate_betas(name: str, value: object) -> tuple[float, float]:
-    """Adam's two decay rates, each in [0, 1)."""
-    message = f"{name} must be a pair (beta1, beta2) of numbers in [0, 1), got {value!r}"
-    if not isinstance(value, (tuple, list)) or len(value) != 2:
-        raise ValueError(message)
-    try:
-        beta1, beta2 = (_validate_real(name, b, "", lambda b: 0.0 <= b < 1.0) for b in value)
-    except ValueError:
-        raise ValueError(message) from None
-    return beta1, beta2
-
-
 @dataclass(frozen=True)
 class TrainConfig:
-    """How to train. ``min_lr`` is reached at ``max_steps`` by the cosine schedule.
+    """What a training run computes. ``min_lr`` is reached at ``max_steps`` by the cosine schedule.
 
     Every field is checked when the config is made (``dataclasses.replace`` too): a ``ValueError``
     names each invalid field, its value and what is allowed. ``warmup_steps`` may exceed ``max_steps``.
-
-    ``grad_accum_steps = k`` makes every step accumulate the gradients of k micro-batches, each
-    loss divided by k: with equal micro-batches and a mean loss, one step on a batch k times
-    larger, in the memory of one micro-batch. ``compile = True`` trains through
-    ``torch.compile(model)`` (elementwise work fused into generated kernels; the first steps pay
-    the compilation); evaluation and generation run the model uncompiled. ``cuda_graph = True``
-    replays each step on a CUDA GPU as one CUDA graph (:mod:`transformer_lib.cuda_graphs`): the host
-    starts one graph instead of every kernel, which is most of a small model's step there. The batches
-    must then keep one shape. It is ignored where the step cannot be replayed: off CUDA, under
-    ``torchrun`` and with ``compile``. (With fp16, on GPUs without bf16, the loss scaler's verdict on an
-    infinite gradient stays on the device: the fused AdamW skips that step itself.)
+    ``grad_accum_steps = k`` makes every step accumulate the gradients of k micro-batches, each loss
+    divided by k: with equal micro-batches and a mean loss, one step on a batch k times larger, in the
+    memory of one micro-batch. How a run is executed (compiled or not, with a progress bar or not) is
+    not part of it: see :class:`Trainer` and :meth:`Trainer.fit`.
 
     Defined in chapter 4, Positional encoding.
     """
@@ -90,9 +66,6 @@ class TrainConfig:
     seed: int = 0
     grad_accum_steps: int = 1  # micro-batches per optimisation step
     amp: bool = True  # mixed precision where it is native: see autocast_dtype
-    compile: bool = False  # train through torch.compile(model)
-    cuda_graph: bool = False  # on a CUDA GPU, replay each step as one CUDA graph
-    progress: bool = True  # a tqdm bar (_progress_bar: the book build turns it off with TQDM_DISABLE=1)
 
     def __post_init__(self) -> None:
         problems = []
@@ -109,7 +82,12 @@ class TrainConfig:
         validate("lr", _validate_real, "a finite number > 0", lambda x: x > 0)
         for name in ("min_lr", "weight_decay"):
             validate(name, _validate_real, "a finite number >= 0", lambda x: x >= 0)
-        validate("betas", _validate_betas)
+        betas = self.betas
+        pair = isinstance(betas, (tuple, list)) and len(betas) == 2
+        if pair and all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in betas):
+            object.__setattr__(self, "betas", (float(betas[0]), float(betas[1])))
+        else:
+            problems.append(f"betas must be a pair (beta1, beta2) of numbers in [0, 1), got {betas!r}")
         if self.grad_clip is not None:
             clips = "a finite number > 0 (the largest gradient norm), or None for no clipping"
             validate("grad_clip", _validate_real, clips, lambda x: x > 0)
@@ -117,9 +95,8 @@ class TrainConfig:
         validate("seed", _validate_int, -(2**63), seeds)
         if isinstance(self.seed, int) and self.seed >= 2**64:
             problems.append(f"seed must be {seeds}, got {self.seed!r}")
-        switches = ("amp", "compile", "cuda_graph", "progress")
-        not_bool = [name for name in switches if not isinstance(getattr(self, name), bool)]
-        problems += [f"{name} must be True or False, got {getattr(self, name)!r}" for name in not_bool]
+        if not isinstance(self.amp, bool):
+            problems.append(f"amp must be True or False, got {self.amp!r}")
         if not problems and self.min_lr > self.lr:
             problems.append(
                 f"min_lr must be <= lr={self.lr!r} (the cosine decays from lr to min_lr), got {self.min_lr!r}"
@@ -145,63 +122,21 @@ def make_optimizer(
 ) -> torch.optim.AdamW:
     """AdamW where only matrices (weights of linears and embeddings) decay; norms and biases do not.
 
-    With a ``device``, the update is one fused kernel for all parameters, except on a CPU under
-    data parallelism: there the fused AdamW hung a process at exit in 2 of 8 two-process runs.
+    With a ``device``, the update is one fused kernel for all parameters, except on a CPU under data
+    parallelism, where the fused AdamW can hang a process at exit.
     """
     params = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    fused = device is not None and (device.type == "cuda" or (device.type == "cpu" and _rank_and_world_size()[1] == 1))
+    fused = device is not None and (device.type == "cuda" or (device.type == "cpu" and rank_and_world_size()[1] == 1))
     return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=fused)
 
 
-def clip_gradients(params: Iterable[Tensor], max_norm: float, device: torch.device) -> Tensor:
-    """``nn.utils.clip_grad_norm_(params, max_norm)``: scale every gradient by one factor so that their
-    joint norm is at most ``max_norm``; returns the norm before clipping.
-
-    On a CPU or GPU through PyTorch's multi-tensor ("foreach") kernels: one call for all the norms
-    and one for all the scalings instead of one per tensor (the default only on GPUs), which saves
-    a third to a half of the clipping's time on a CPU (``benchmarks/compare_gpt.py`` profiles it).
-    The same numbers either way (tested).
-    """
-    return nn.utils.clip_grad_norm_(params, max_norm, foreach=True if device.type in ("cpu", "cuda") else None)
-
-
 def default_loss(model: nn.Module, batch: Batch) -> Tensor:
-    """For models whose ``forward(x, y)`` returns ``(logits, loss)``, like :class:`~transformer_lib.models.GPT`.
-
-    A model whose ``forward`` takes ``return_logits`` (GPT) is asked for the loss alone, so that a
-    compiled model keeps its logits inside its graph (:meth:`~transformer_lib.models.GPT.forward`).
-    """
+    """For models whose ``forward(x, y)`` returns ``(logits, loss)``, like :class:`~transformer_lib.models.GPT`."""
     x, y = batch
-    if _forward_takes(_unwrapped(model), "return_logits"):
-        return model(x, y, return_logits=False)[1]
     return model(x, y)[1]
-
-
-def _unwrapped(model: nn.Module) -> nn.Module:
-    """The model inside torch.compile's wrapper (``._orig_mod``) and DDP's (``.module``), if any.
-
-    The Trainer compiles the DDP wrapper, so torch.compile's is the outer one.
-    """
-    inner = getattr(model, "_orig_mod", None)
-    model = inner if isinstance(inner, nn.Module) else model
-    return model.module if isinstance(model, DistributedDataParallel) else model
-
-
-_FORWARD_PARAMETERS: dict[type, frozenset[str]] = {}  # a model class -> its forward's parameter names
-
-
-def _forward_takes(model: nn.Module, name: str) -> bool:
-    """Whether ``model.forward`` has a parameter called ``name`` (read once per class)."""
-    cls = type(model)
-    if cls not in _FORWARD_PARAMETERS:
-        try:
-            _FORWARD_PARAMETERS[cls] = frozenset(inspect.signature(model.forward).parameters)
-        except (TypeError, ValueError):  # no signature to read
-            _FORWARD_PARAMETERS[cls] = frozenset()
-    return name in _FORWARD_PARAMETERS[cls]
 
 
 @dataclass
@@ -224,16 +159,16 @@ class History:
 class Trainer:
     """Train ``model`` on batches drawn by ``train_batches(generator)``.
 
-    ``loss_fn(model, batch)`` returns the scalar loss (default: ``model(x, y)[1]``); ``val_batches``
-    (optional) draws evaluation batches; ``count(batch)`` tells how many items (e.g. tokens) a batch
-    holds, for the speed report. The trainer owns the generator passed to the batch functions, so a
-    checkpoint resumes the data stream too.
+    ``loss_fn(model, batch)`` returns the scalar loss; ``val_batches`` (optional) draws evaluation
+    batches; ``count(batch)`` tells how many items (e.g. tokens) a batch holds, for the speed report.
+    The trainer owns the batch functions' generator, so :meth:`state_dict` resumes the data stream too.
+    ``compile=True`` trains through ``torch.compile`` (a string is its ``mode``: ``"reduce-overhead"``
+    replays each step as a CUDA graph on a GPU); evaluation runs the model uncompiled.
 
-    Under ``torchrun`` the model is wrapped in ``DistributedDataParallel`` (gradients averaged once per
-    step), each process draws its own batches (seed ``seed + rank``), the logged and evaluated losses
-    are averaged over the processes, and rank 0 shows the progress bar and writes checkpoints (call
-    :meth:`save` and :meth:`load` on every process). ``loss_fn`` then receives the wrapper: call the
-    model, as ``default_loss`` does, not its other methods.
+    Under ``torchrun`` the model trains wrapped in ``DistributedDataParallel``, each process draws its own
+    batches (seed ``seed + rank``), the losses are averaged over the processes, and rank 0 shows the bar
+    and writes checkpoints (every process calls :meth:`save` and :meth:`load`). ``loss_fn`` then receives
+    the wrapper: call the model, as ``default_loss`` does, not its other methods.
 
     Defined in chapter 4, Positional encoding.
     """
@@ -247,28 +182,29 @@ class Trainer:
         loss_fn: LossFn = default_loss,
         count: Callable[[Batch], int] | None = None,
         device: torch.device | str | None = None,
+        compile: bool | str = False,
     ) -> None:
         if not isinstance(config, TrainConfig):
             raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
+        if not isinstance(compile, (bool, str)):
+            raise TypeError(f"compile must be True, False or a torch.compile mode, got {compile!r}")
         self.config, self.loss_fn, self.count = config, loss_fn, count
         self.train_batches, self.val_batches = train_batches, val_batches
         self.device = torch.device(device) if device is not None else get_device()
         self.model = model.to(self.device)
-        self.rank, self.world_size = _rank_and_world_size()
+        self.rank, self.world_size = rank_and_world_size()
         self.ddp = None  # the DistributedDataParallel wrapper, when there are several processes
         if self.world_size > 1:  # broadcasts rank 0's weights: every process starts from the same model
             device_ids = [self.device.index or 0] if self.device.type == "cuda" else None
             self.ddp = DistributedDataParallel(self.model, device_ids=device_ids)
-        # what loss_fn is called with in training: the DDP wrapper or the model, compiled if config.compile
-        self.forward_model = self.ddp if self.ddp is not None else self.model
-        if config.compile:  # the same parameters, behind generated kernels
-            # a Module in, a Module (OptimizedModule) out; torch.compile's stub only promises a callable
-            self.forward_model = cast(nn.Module, torch.compile(self.forward_model))
-        self.optimizer = self._new_optimizer()
-        # the model's parameters as at construction (the optimizer holds those too), for clipping, in the
-        # model's order (the order of the norm's sum: the same clipping to the last bit). A list, because
-        # model.parameters() walks every submodule, a cost paid at every step
-        self._parameters = list(self.model.parameters())
+        # what loss_fn is called with in training: the DDP wrapper or the model, compiled if asked
+        self.forward_model: nn.Module = self.ddp if self.ddp is not None else self.model
+        self.compiled = compile is not False
+        if self.compiled:  # the same parameters, behind generated kernels
+            mode = compile if isinstance(compile, str) else None
+            self.forward_model = cast(nn.Module, torch.compile(self.forward_model, mode=mode))
+        self.optimizer = make_optimizer(model, config.lr, config.weight_decay, config.betas, self.device)
+        self._parameters = list(self.model.parameters())  # listed once, in the model's order
         seed = (config.seed + self.rank) % 2**64 if self.rank else config.seed  # in manual_seed's range
         self.generator = torch.Generator().manual_seed(seed)
         self.step = 0
@@ -277,24 +213,6 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp_dtype == torch.float16)
         self._reset_nonfinite()
         self._lr = lr_at(0, config.lr, config.min_lr, config.warmup_steps, config.max_steps)  # the last step's
-        self._graphed: GraphedStep | None = None
-        self._forget_graph()
-
-    @property
-    def replays_graph(self) -> bool:
-        """Whether the steps are replayed from a CUDA graph (``config.cuda_graph`` where the step allows it)."""
-        return self._graphed is not None
-
-    def _forget_graph(self) -> None:
-        """Start the CUDA graph anew, if the steps use one: after a new optimizer state, which a graph does
-        not see (its tensors are new), the next steps warm up and capture again."""
-        cfg = self.config
-        replayable = self.device.type == "cuda" and self.world_size == 1 and not cfg.compile
-        # fp16's loss scaler skips a step with an infinite gradient: on the device only with the fused AdamW
-        # (make_optimizer's on CUDA), which takes the scaler's verdict as a tensor; otherwise its step reads it
-        scaled_on_device = not self.scaler.is_enabled() or getattr(self.optimizer, "_step_supports_amp_scaling", False)
-        use = cfg.cuda_graph and replayable and scaled_on_device
-        self._graphed = GraphedStep(self._step, self.optimizer, self.device) if use else None
 
     def _mean_over_processes(self, value: Tensor) -> Tensor:
         """``value`` averaged over the processes (itself when there is one)."""
@@ -304,15 +222,11 @@ class Trainer:
             value /= self.world_size
         return value
 
-    def _new_optimizer(self) -> torch.optim.AdamW:
-        cfg = self.config
-        return make_optimizer(self.model, cfg.lr, cfg.weight_decay, cfg.betas, self.device)
-
     def _reset_nonfinite(self) -> None:
         # The first steps whose loss and gradient norm were not finite (-1: none yet), on the device
         self._first_nonfinite = torch.full((2,), -1, dtype=torch.long, device=self.device)
 
-    def _autocast(self):
+    def _autocast(self) -> Any:
         return nullcontext() if self.amp_dtype is None else torch.autocast(self.device.type, self.amp_dtype)
 
     @torch.no_grad()
@@ -329,20 +243,20 @@ class Trainer:
         self.model.train(was_training)
         return self._mean_over_processes(torch.stack(losses).mean()).item()
 
-    def fit(self, steps: int | None = None, callback: Callable[[Trainer], None] | None = None) -> History:
-        """Train until ``config.max_steps`` (or for ``steps`` more steps), evaluating on the way.
+    def fit(
+        self, steps: int | None = None, callback: Callable[[Trainer], None] | None = None, progress: bool = True
+    ) -> History:
+        """Train until ``config.max_steps`` (or for ``steps`` more steps), evaluating on the way; the model
+        is back in the caller's mode when ``fit`` returns or raises. ``callback(trainer)`` runs after every
+        evaluation (eval mode, no gradients). ``progress`` shows a tqdm bar (:func:`progress_bar`).
 
-        The model trains in training mode and is back in the caller's mode when ``fit`` returns or
-        raises. ``callback(trainer)``, if given, runs after every evaluation (eval mode, no gradients).
-
-        A NaN or infinite loss (or gradient norm, when ``grad_clip`` is set and there is no fp16
-        scaler, for which an infinite gradient is routine) raises :class:`NonFiniteLossError` naming
-        the first such step, at the next log interval, where the loop syncs anyway; so does one in
-        validation, before the callback runs. At ``max_steps`` already, ``ValueError``.
-
-        On a CPU it first makes the process keep the memory it frees (:func:`~transformer_lib.utils.keep_freed_memory`).
+        A NaN or infinite loss (or gradient norm, when ``grad_clip`` is set and there is no fp16 scaler,
+        for which an infinite gradient is routine) raises :class:`NonFiniteLossError` naming the first
+        such step, at the next log interval, where the loop syncs anyway; so does one in validation.
         """
         steps = None if steps is None else _validate_int("steps", steps, 0)
+        if not isinstance(progress, bool):
+            raise TypeError(f"progress must be True or False, got {progress!r}")
         if self.step >= self.config.max_steps:
             raise ValueError(
                 f"the trainer is already at max_steps={self.config.max_steps} (step {self.step}): nothing to "
@@ -350,11 +264,7 @@ class Trainer:
                 f"trainer.config, max_steps={2 * self.config.max_steps}); the cosine schedule then stretches to it"
             )
         end = self.config.max_steps if steps is None else min(self.config.max_steps, self.step + steps)
-        if self.device.type == "cpu":
-            keep_freed_memory()  # otherwise every step faults its activations' pages in anew
-        bar = None
-        if self.config.progress and self.rank == 0:
-            bar = _progress_bar(total=max(0, end - self.step), desc="training", leave=False)
+        bar = progress_bar(total=end - self.step, desc="training", leave=False) if progress and self.rank == 0 else None
         was_training = self.model.training
         self.model.train()
         try:
@@ -419,30 +329,14 @@ class Trainer:
         )
 
     def train_step(self, batch: Batch, *more: Batch) -> Tensor:
-        """One optimisation step on ``batch`` (and the micro-batches ``more``) at the scheduled
-        learning rate; returns the mean loss, detached.
-
-        Each micro-batch's loss is divided by their number, so that the gradients add up to the
-        gradient of their mean. No host sync: a non-finite loss or gradient norm is only recorded
-        on the device, for :meth:`fit` to report. With :attr:`replays_graph`, the step is the CUDA
-        graph's replay (the first steps run as usual, then one is captured).
-        """
+        """One optimisation step on ``batch`` (and the micro-batches ``more``, each loss divided by their
+        number) at the scheduled learning rate; returns the mean loss, detached. No host sync: a non-finite
+        loss or gradient norm is only recorded on the device, for :meth:`fit` to report."""
         cfg = self.config
         self._lr = lr_at(self.step, cfg.lr, cfg.min_lr, cfg.warmup_steps, cfg.max_steps)
-        micro_batches = (batch, *more)
-        if self._graphed is not None:
-            loss = self._graphed(micro_batches, self._lr, self.step)
-        else:
-            loss = self._step(micro_batches, self._lr, self.step)
-        self.step += 1
-        return loss
-
-    def _step(self, micro_batches: Sequence[Batch], lr: float | Tensor, step: int | Tensor) -> Tensor:
-        """:meth:`train_step`'s work at learning rate ``lr``, recording a non-finite loss as step ``step``:
-        Python numbers, or one-element device tensors where a CUDA graph captures it."""
-        cfg = self.config
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = self._lr
+        micro_batches = (batch, *more)
         k = len(micro_batches)
         self.optimizer.zero_grad(set_to_none=True)
         losses: list[Tensor] = []
@@ -457,20 +351,22 @@ class Trainer:
         grad_norm = None
         if cfg.grad_clip is not None:
             self.scaler.unscale_(self.optimizer)
-            grad_norm = clip_gradients(self._parameters, cfg.grad_clip, self.device)
+            foreach = True if self.device.type in ("cpu", "cuda") else None  # multi-tensor kernels: fewer calls
+            grad_norm = nn.utils.clip_grad_norm_(self._parameters, cfg.grad_clip, foreach=foreach)
         self.scaler.step(self.optimizer)
         self.scaler.update()
-        self._note_nonfinite(loss, grad_norm, step)
+        self._note_nonfinite(loss, grad_norm)
+        self.step += 1
         return loss
 
-    def _note_nonfinite(self, loss: Tensor, grad_norm: Tensor | None, step: int | Tensor) -> None:
-        """Record, on the device, ``step`` as the first step whose loss (or gradient norm) is NaN or
-        infinite. With the fp16 scaler only the loss counts: it skips a step with an infinite gradient."""
+    def _note_nonfinite(self, loss: Tensor, grad_norm: Tensor | None) -> None:
+        """Record, on the device, this step as the first whose loss (or gradient norm) is NaN or infinite.
+        With the fp16 scaler only the loss counts: it skips a step with an infinite gradient."""
         bad_grad = torch.zeros((), dtype=torch.bool, device=self.device)
         if grad_norm is not None and not self.scaler.is_enabled():
             bad_grad = ~torch.isfinite(grad_norm)
         bad = torch.stack([~torch.isfinite(loss), bad_grad.to(self.device)])
-        self._first_nonfinite.masked_fill_(bad & (self._first_nonfinite < 0), step)
+        self._first_nonfinite.masked_fill_(bad & (self._first_nonfinite < 0), self.step)
 
     def _record_eval(self, callback: Callable[[Trainer], None] | None = None) -> None:
         h = self.history
@@ -487,189 +383,80 @@ class Trainer:
                 callback(self)
             self.model.train()
 
-    # ------------------------------------------------------------------ checkpoints
+    # ------------------------------------------------------------------ state and checkpoints
+
+    def _model_config(self) -> dict | None:
+        config = getattr(self.model, "config", None)  # GPTConfig and the other models' dataclass configs
+        return asdict(config) if is_dataclass(config) and not isinstance(config, type) else None
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything a resume needs, in tensors and plain Python values (no pickled objects)."""
-        return trainer_state(self)
+        """Everything a resume needs, in tensors and plain Python values (it loads with ``weights_only=True``):
+        weights, optimizer, loss scaler, step, configs, the data generator (every process's, gathered, under
+        data parallelism: a collective there) and PyTorch's own random states, and the history."""
+        generators = [self.generator.get_state()]
+        if self.world_size > 1:
+            generators = [None] * self.world_size
+            dist.all_gather_object(generators, self.generator.get_state())
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "step": self.step,
+            "train_config": asdict(self.config),
+            "model_config": self._model_config(),
+            "generators": generators,
+            "torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            "history": asdict(self.history),
+        }
 
-    def save(self, path: str | os.PathLike) -> Path:
-        """Write a checkpoint (:mod:`transformer_lib.checkpoint`): atomic, checksummed, never of
-        weights that are not finite (:class:`CheckpointError`); return its path."""
-        return save_trainer(self, path)
+    def load_state_dict(self, state: dict[str, Any], allow_config_change: bool = False) -> None:
+        """Resume from :meth:`state_dict`, all or nothing: every check runs before anything changes, and a
+        problem raises :class:`CheckpointError`. A state of another model config, another number of processes,
+        or with weights that are not finite is refused; so is one of another :class:`TrainConfig`, unless
+        ``allow_config_change=True``: the trainer then keeps its own (e.g. a larger ``max_steps``)."""
+        config, world_size = asdict(self.config), self.world_size
+        checkpoint.check_state(state, self.model, self._model_config(), config, world_size, allow_config_change)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        for group, decay in zip(self.optimizer.param_groups, (self.config.weight_decay, 0.0), strict=True):
+            group.update(betas=self.config.betas, weight_decay=decay)  # the trainer's config, not the state's
+        if state["scaler"]:
+            self.scaler.load_state_dict(state["scaler"])  # a no-op where the scaler is off
+        self.step = state["step"]
+        self.generator.set_state(state["generators"][self.rank])
+        self.history = History(**state["history"])
+        self._reset_nonfinite()
+        torch.set_rng_state(state["torch_rng"])
+        for device, rng in enumerate(state["cuda_rng"][: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(rng, device)
+
+    def save(self, path: str | os.PathLike) -> str | os.PathLike:
+        """Write :meth:`state_dict` to ``path`` atomically (:func:`transformer_lib.checkpoint.save`); return it.
+        Weights that are not finite raise :class:`CheckpointError` and write nothing, so that the last
+        checkpoint stays one worth reloading. Under data parallelism every process calls it; rank 0 writes."""
+        state = self.state_dict()  # under data parallelism a collective
+        names = [name for name, _ in self.model.named_parameters()]
+        checkpoint.refuse_nonfinite(state, names, f"not saving {path}: the trainer")  # on every process, or none
+        if self.rank == 0:
+            checkpoint.save(state, path)
+        if self.world_size > 1:
+            dist.barrier()
+        return path
 
     def load(self, path: str | os.PathLike, allow_config_change: bool = False) -> None:
-        """Resume from a checkpoint written by :meth:`save`, all or nothing: any problem raises
-        :class:`CheckpointError` naming the file, and leaves the trainer as it was. One written under
-        another :class:`TrainConfig` (except ``progress``, ``compile``, ``cuda_graph``) is refused unless
-        ``allow_config_change=True``: the trainer then keeps its own, e.g. a larger ``max_steps``."""
-        load_trainer(self, path, allow_config_change)
+        """:meth:`load_state_dict` of the file :meth:`save` wrote; a problem raises :class:`CheckpointError`
+        naming the file, and leaves the trainer as it was."""
+        try:
+            self.load_state_dict(checkpoint.load(path), allow_config_change)
+        except CheckpointError as e:
+            raise CheckpointError(f"checkpoint {path}: {e}") from None
 
 
-def fit_together(
-    trainers: Sequence[Trainer],
-    callback: Callable[[Trainer], None] | None = None,
-    workers: int | None = None,
-    progress: bool = True,
-) -> list[History]:
-    """Train independent runs (seeds, the rows of an ablation) side by side on a CPU's cores.
-
-    A small model cannot use a CPU's cores: its matrix products are too small to share out, and a
-    second PyTorch thread on them gains little. Separate runs can: ``workers`` runs at a time (default:
-    one per core), each with one PyTorch thread, taken in the trainers' order. On Linux each run trains
-    in a forked copy of this process (``transformer_lib._forked``): threads of one process would share
-    Python's lock, which a small model's step takes at every operator (chapter 5's 6-layer runs took
-    1.4x as long per step in two threads as alone), while a process trains at its core's full speed.
-    Elsewhere (macOS, Windows) each run trains in a thread of this process. Either way the call is
-    ``trainer.fit(callback=callback)``, and ``callback(trainer)`` runs after each of a run's
-    evaluations, in eval mode without gradients, with one PyTorch thread (the other runs hold the other
-    cores); with processes it runs here, in the calling thread, while the run waits, on the trainer
-    holding the run's weights, step and history of that moment, and the run goes on from the weights
-    as the callback left them. Returns the histories, in the trainers' order; each trainer ends
-    holding its run's weights, optimizer state, step, data generator and history.
-
-    The result is exactly that of ``trainer.fit(callback=callback)`` one after the other with
-    ``torch.set_num_threads(1)`` (tested, both ways), because each run only draws from its own
-    generator. That is why the trainers train one after the other instead, in the current thread count,
-    when any of their models has active dropout (its masks come from PyTorch's one global generator, which
-    the runs would share in an order that changes from run to run), when any trainer is not on the
-    CPU (a GPU serves one run at a time anyway), compiles (``TrainConfig.compile``: compilation is not
-    made for threads), or trains under ``torchrun`` (its processes already share out the machine),
-    or with one worker. In a forked run, what the batch or loss functions change outside the trainer (an
-    iterator they advance, a list they fill) changes in the run's copy of this process, not here, and
-    what they print is not shown: the callback, which runs here, is the place for both.
-
-    ``progress=True`` shows one bar (tqdm) that counts the runs as they end, so that a cell that trains a
-    dozen runs does not sit silent for minutes. Side by side, the runs' own bars are not shown (a forked
-    run's output goes nowhere, and bars from threads would overwrite one another); one after the other,
-    each run also shows its own bar, as its ``TrainConfig.progress`` says.
-
-    If runs fail, the first failing trainer's exception is raised once every run has ended; a failed
-    run's trainer holds the state it failed in. An interrupt (Ctrl-C, Jupyter's stop button) starts no
-    further run; with processes each run in progress stops after its current step and its trainer keeps
-    that state, with threads those in progress finish their ``fit`` in the background. Speed:
-    ``benchmarks/fit_together.py``.
-
-    Defined in chapter 4, Positional encoding.
-    """
-    trainers = list(trainers)
-    if not trainers or not all(isinstance(t, Trainer) for t in trainers):
-        kinds = sorted({type(t).__name__ for t in trainers}) or ["nothing"]
-        raise TypeError(f"trainers must be a non-empty sequence of Trainer, got {', '.join(kinds)}")
-    models = [id(t.model) for t in trainers]
-    if len(set(models)) < len(models):
-        raise ValueError("two of the trainers train the same model (or are the same trainer): runs must be independent")
-    if not isinstance(progress, bool):
-        raise TypeError(f"progress must be a bool, got {type(progress).__name__}")
-    n_cores = os.cpu_count() or 1
-    workers = min(n_cores, len(trainers)) if workers is None else _validate_int("workers", workers, 1)
-    side_by_side = workers > 1 and all(
-        t.device.type == "cpu"
-        and not t.config.compile
-        and t.world_size == 1
-        and not _draws_global_random_numbers(t.model)
-        for t in trainers
-    )
-    bar = _runs_bar(len(trainers)) if progress and len(trainers) > 1 else None
-    ended = None if bar is None else lambda: bar.update(1)
-    try:
-        if not side_by_side:
-            return [_fit_then(t, callback, ended) for t in trainers]
-        if can_fork():
-            return fit_in_processes(trainers, workers, callback, ended=ended)
-        return _fit_in_threads(trainers, workers, callback, ended)
-    finally:
-        if bar is not None:
-            bar.close()
-
-
-def _runs_bar(n_runs: int) -> Any:
-    """A bar that counts ``n_runs`` runs as they end (:func:`_progress_bar`)."""
-    return _progress_bar(total=n_runs, desc="runs", unit="run", leave=False)
-
-
-def _progress_bar(**kwargs: Any) -> Any:
-    """``tqdm.auto.tqdm(**kwargs)``: a text bar, or a widget in Jupyter; switched off (``disable=True``)
-    where the environment variable ``TQDM_DISABLE`` is set to anything but ``0``, ``false``, ``no``, ``off``
-    or nothing, as the book build sets it, so that no bar is saved in a page.
-
-    tqdm reads ``TQDM_DISABLE`` for its text bars only: its notebook bar always passes ``disable`` on to
-    them (False unless given), which overrides the variable (tqdm 4.70), so that without this a kernel with
-    the variable set still shows the widget, and the build saves it in the page.
-    """
+def progress_bar(**kwargs: Any) -> Any:
+    """``tqdm.auto.tqdm(**kwargs)``, off where ``TQDM_DISABLE`` is set (not to 0/false/no/off), as in the book
+    build: tqdm's notebook bar ignores the variable itself, and the build would save the widget in a page."""
     from tqdm.auto import tqdm
 
     flag = os.environ.get("TQDM_DISABLE", "").strip().lower()
     return tqdm(disable=flag not in ("", "0", "false", "no", "off"), **kwargs)
-
-
-def _fit_then(
-    trainer: Trainer, callback: Callable[[Trainer], None] | None, ended: Callable[[], None] | None
-) -> History:
-    """``trainer.fit(callback=callback)``, then ``ended()`` if given, whether the run ended well or not."""
-    try:
-        return trainer.fit(callback=callback)
-    finally:
-        if ended is not None:
-            ended()
-
-
-def _fit_in_threads(
-    trainers: list[Trainer],
-    workers: int,
-    callback: Callable[[Trainer], None] | None,
-    ended: Callable[[], None] | None,
-) -> list[History]:
-    """``fit_together`` where processes cannot fork: ``workers`` threads, one PyTorch thread each."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # one PyTorch thread per run: the runs, not the products, share the cores
-    configs = [t.config for t in trainers]
-    for t in trainers:  # no bar of its own, as in a forked run: bars from threads would overwrite one another
-        t.config = replace(t.config, progress=False)
-    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fit_together")
-    try:
-        futures = [pool.submit(_fit_then, t, callback, ended) for t in trainers]
-        for future in futures:  # wait for all, so that no run is still training when this raises
-            future.exception()
-    except BaseException:  # e.g. an interrupt: the runs not yet started never start
-        pool.shutdown(wait=False, cancel_futures=True)
-        raise
-    finally:
-        torch.set_num_threads(threads)
-        for t, config in zip(trainers, configs, strict=True):
-            t.config = config
-    pool.shutdown()
-    return [future.result() for future in futures]  # raises the first failing run's exception
-
-
-def _draws_global_random_numbers(model: nn.Module) -> bool:
-    """Whether training ``model`` draws from PyTorch's global generator: active dropout does."""
-    return any(
-        (isinstance(m, nn.Dropout) and m.p > 0) or (isinstance(m, MultiHeadAttention) and m.dropout > 0)
-        for m in model.modules()
-    )
-
-
-def _rank_and_world_size() -> tuple[int, int]:
-    """This process's rank and the number of processes (0 and 1 without ``torch.distributed``)."""
-    on = dist.is_available() and dist.is_initialized()
-    return (dist.get_rank(), dist.get_world_size()) if on else (0, 1)
-
-
-def init_distributed(device: str | torch.device | None = None) -> torch.device:
-    """Join the process group that ``torchrun`` describes in the environment (NCCL on CUDA, gloo on
-    a CPU), if any; return this process's device (``cuda:LOCAL_RANK`` on CUDA, else ``get_device``).
-    A :class:`Trainer` built afterwards sees the process group and trains data-parallel.
-
-    Defined in chapter 8, Training at scale.
-    """
-    chosen = torch.device(device) if device is not None else get_device()
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or (dist.is_available() and dist.is_initialized()):
-        if dist.is_available() and dist.is_initialized() and chosen.type == "cuda":
-            chosen = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        return chosen
-    if chosen.type == "cuda":
-        chosen = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        torch.cuda.set_device(chosen)
-    dist.init_process_group(backend="nccl" if chosen.type == "cuda" else "gloo")
-    return chosen

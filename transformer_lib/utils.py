@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import os
 import random
-import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -127,37 +124,3 @@ def num_threads(n: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
-
-
-# glibc's mallopt parameters (malloc.h) and the values set: blocks up to 32 MiB (glibc's largest
-# threshold on 64-bit) from the heap, and up to 1 GiB of free memory kept at the heap's top.
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-_MMAP_ABOVE, _TRIM_ABOVE = 32 << 20, 1 << 30
-
-
-@functools.cache
-def keep_freed_memory() -> bool:
-    """Make the C library's allocator keep the memory a process frees, for reuse; say whether it took.
-
-    A training step frees and allocates the same activations every step. glibc's ``malloc`` (Linux)
-    gives a large block its own fresh mapping and unmaps it when it is freed (above a threshold that
-    starts at 128 KiB and moves as the process runs), and returns the free memory at the top of its
-    heap to the kernel; so in most runs the kernel maps and zeroes the same pages again every step. On
-    nanoGPT's CPU recipe that was 650-2,150 page faults a step (in 22 of 24 runs here), a few
-    microseconds each in a virtual machine; without them a step took 3-7% less (two runs side by side,
-    one core each). This raises both thresholds (``mallopt``: blocks up to 32 MiB from the heap, up to
-    1 GiB of free memory kept), so that after the first steps a step faults almost no page. The process
-    then keeps the memory it freed rather than returning it, up to those sizes. No result changes: only
-    where PyTorch's CPU tensors get their memory. :class:`~transformer_lib.training.Trainer` calls it before it trains
-    on a CPU; it acts once per process (a forked process inherits it).
-
-    Returns False, and changes nothing, where the C library is not glibc (macOS, Windows, musl).
-    Where another allocator is preloaded (``LD_PRELOAD`` of tcmalloc or jemalloc), the call reaches
-    that allocator's ``mallopt``, if it has one; such allocators keep freed memory for reuse anyway.
-    """
-    if not sys.platform.startswith("linux"):
-        return False
-    libc = ctypes.CDLL(None)  # the symbols the process already has: its C library's
-    if not hasattr(libc, "gnu_get_libc_version") or not hasattr(libc, "mallopt"):
-        return False  # not glibc: its parameters' numbers mean something else, or nothing
-    return bool(libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_ABOVE)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, _TRIM_ABOVE))

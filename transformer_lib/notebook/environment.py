@@ -1,10 +1,13 @@
-"""What a chapter's first cell prints, and whether the book build is running the chapter."""
+"""A chapter's first cell (:func:`setup_chapter`), and whether the book build is running the chapter."""
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
 import platform
 import statistics
+import sys
 import time
 
 import torch
@@ -62,12 +65,38 @@ def threads_for_a_busy_cpu(rounds: int = 5, slower: float = 1.3) -> int:
     return 1 if statistics.median(times[n_threads]) > slower * statistics.median(times[1]) else n_threads
 
 
-def describe_environment(seed: int | None = 0) -> torch.device:
-    """Print the versions and the device a chapter runs on, seed everything, and return the device.
+# glibc's mallopt parameters (malloc.h) and the values set: blocks up to 32 MiB (glibc's largest
+# threshold on 64-bit) from the heap, and up to 1 GiB of free memory kept at the heap's top.
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_MMAP_ABOVE, _TRIM_ABOVE = 32 << 20, 1 << 30
 
-    Every chapter's first cell calls this. On a CPU it also gives PyTorch one thread when one
-    thread is clearly faster than its default (:func:`threads_for_a_busy_cpu`: another process is
-    keeping a core busy), and says so.
+
+@functools.cache
+def keep_freed_memory() -> bool:
+    """Make glibc's allocator keep the memory this process frees, for reuse; say whether it took.
+
+    A training step frees and allocates the same activations every step. glibc's ``malloc`` gives a
+    large block its own mapping and unmaps it when it is freed, and returns free memory at the top of its
+    heap to the kernel, so the kernel maps and zeroes the same pages again every step. This raises both
+    thresholds (``mallopt``), for the whole process and for good: it then keeps up to 1 GiB it freed
+    rather than returning it. No result changes. Returns False, changing nothing, where the C library
+    is not glibc (macOS, Windows, musl).
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(None)  # the symbols the process already has: its C library's
+    if not hasattr(libc, "gnu_get_libc_version") or not hasattr(libc, "mallopt"):
+        return False  # not glibc: its parameters' numbers mean something else, or nothing
+    return bool(libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_ABOVE)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, _TRIM_ABOVE))
+
+
+def setup_chapter(seed: int | None = 0) -> torch.device:
+    """Set up a chapter's kernel and return its device: print the versions and the device, seed every
+    generator (:func:`~transformer_lib.utils.set_seed`), and on a CPU keep freed memory for reuse
+    (:func:`keep_freed_memory`) and give PyTorch one thread when one thread is clearly faster than its
+    default (:func:`threads_for_a_busy_cpu`: another process is keeping a core busy), saying so.
+
+    Every chapter's first cell calls this.
     """
     device = get_device()
     gpu = f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
@@ -75,6 +104,8 @@ def describe_environment(seed: int | None = 0) -> torch.device:
     on = f"device: {device}{gpu}"
     # one line where it fits the rendered book's 79-column output box; a GPU's name takes a second
     print(f"{versions} | {on}" if len(versions) + 3 + len(on) <= 79 else f"{versions}\n{on}")
+    if device.type == "cpu":
+        keep_freed_memory()
     if device.type == "cpu" and torch.get_num_threads() > 1 and threads_for_a_busy_cpu() == 1:
         print(  # three lines, each within the output box of the rendered book (79 columns)
             f"one PyTorch thread instead of {torch.get_num_threads()}: another process is keeping a core busy,\n"

@@ -19,7 +19,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from .._forked import can_fork, map_in_processes
+from .runs import can_fork, map_in_processes
 from .environment import in_book_build
 
 MAX_FRAMES = 80
