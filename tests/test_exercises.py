@@ -455,11 +455,13 @@ def check_double(c: ex.Checker, double) -> None:
 
 
 def test_a_failed_check_prints_each_case_then_each_concept_once_and_keeps_the_fixes(capsys):
-    result = check_double(lambda x: x**2 if x < 5 else 3 * x)
+    result = check_double(lambda x: x**2 if x < 5 else 3 * x)  # at x = 3, x squared is 3 x: the two bugs merge
     assert result.lines == [
         "  ❌ x = 3: expected 6 (within 1e-05), got 9",
         "  ❌ x = 4: expected 8 (within 1e-05), got 16",
         "  ❌ x = 5: expected 10 (within 1e-05), got 15",
+        f"  Hint: one of 2 mistakes that give this same result here: (1) {_ROWS.concept} Or (2) you tripled x: "
+        "reread 'Doubling'.",
         f"  Hint: {_ROWS.concept}",  # once, though two cases failed with it, in the order they came
         "  Hint: you tripled x: reread 'Doubling'.",
         "  For the fix in code: check_double.hint()",

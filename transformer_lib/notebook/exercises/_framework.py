@@ -28,11 +28,13 @@ import json
 import math
 import os
 import random
+import re
 import signal
+import sys
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from types import CodeType
+from types import CodeType, FrameType
 from typing import Any
 
 import numpy as np
@@ -154,15 +156,13 @@ def _short(x: Any, limit: int = 120) -> str:
 
 
 def _difference(got: Any, expected: Any, atol: float = 1e-5) -> str | None:
-    """None when ``got`` equals ``expected`` (tensors, tuples of them, numbers, plain values); else what differs."""
+    """None when ``got`` equals ``expected`` (tensors, tuples of them, numbers, plain values); else what differs,
+    in words for a learner: the kind of result first, then its shape and dtype, then its values."""
     if isinstance(expected, tuple):
         if not isinstance(got, tuple) or len(got) != len(expected):
             return f"expected a tuple of {len(expected)} ({_describe(expected)}), got {_describe(got)}"
-        for i, (g, e) in enumerate(zip(got, expected, strict=True)):
-            problem = _difference(g, e, atol)
-            if problem:
-                return f"item {i} of the tuple: {problem}"
-        return None
+        problems = (_difference(g, e, atol) for g, e in zip(got, expected, strict=True))
+        return next((f"item {i} of the tuple: {p}" for i, p in enumerate(problems) if p), None)
     if isinstance(expected, float) and _is_real(got):  # a float: equal within atol (or a relative 1e-4)
         if math.isclose(float(got), expected, rel_tol=1e-4, abs_tol=atol):
             return None
@@ -176,7 +176,21 @@ def _difference(got: Any, expected: Any, atol: float = 1e-5) -> str | None:
     return _tensor_difference(got, expected, atol)
 
 
+_KINDS = {"bool": "a boolean tensor", "int": "an integer tensor (token ids)", "float": "a floating-point tensor"}
+
+
+def _kind(t: Tensor) -> str:
+    return "bool" if t.dtype == torch.bool else "float" if t.is_floating_point() or t.is_complex() else "int"
+
+
+_MISMATCH = re.compile(
+    r"(?:Mismatched elements: (\d+) / (\d+).*?)?bsolute difference: ([^ \n]+)(?: at index (\(.*?\)))?", re.S
+)
+
+
 def _tensor_difference(got: Tensor, expected: Tensor, atol: float) -> str | None:
+    """What differs between two tensors, by :func:`torch.testing.assert_close`, behind a first line for learners:
+    where the tensor lives, its shape, the kind of its dtype, then which values differ."""
     if got.layout != torch.strided or got.device != expected.device:
         where = "the CPU" if expected.device.type == "cpu" else str(expected.device)
         kind = "dense" if got.layout == torch.strided else str(got.layout).removeprefix("torch.")
@@ -186,37 +200,24 @@ def _tensor_difference(got: Tensor, expected: Tensor, atol: float) -> str | None
         )
     if got.shape != expected.shape:
         return f"expected shape {tuple(expected.shape)}, got shape {tuple(got.shape)}"
-    if expected.dtype == torch.bool:
-        if got.dtype != torch.bool:
-            return f"expected a boolean tensor, got dtype {got.dtype}"
-        if not torch.equal(got, expected):
-            return f"{int((got != expected).sum())} entries differ from the expected mask"
+    if _kind(got) != _kind(expected):
+        return f"expected {_KINDS[_kind(expected)]}, got dtype {got.dtype}"
+    try:
+        torch.testing.assert_close(got.detach(), expected, atol=atol, rtol=1e-4, check_dtype=False)
         return None
-    if not expected.is_floating_point():  # integer tensors, e.g. token ids: exact equality
-        if got.is_floating_point() or got.dtype == torch.bool:
-            return f"expected an integer tensor (token ids, {expected.dtype}), got dtype {got.dtype}"
-        if not torch.equal(got.long(), expected.long()):
-            return f"{int((got.long() != expected.long()).sum())} of {expected.numel()} entries differ"
-        return None
-    if not got.is_floating_point():
-        return f"expected a floating-point tensor, got dtype {got.dtype}"
-    problem = _float_difference(got.detach().double(), expected.detach().double(), atol)
-    if problem and got.dtype != expected.dtype:  # e.g. float16, whose rounding and range may be the cause
+    except AssertionError as e:
+        match = _MISMATCH.search(str(e))
+    n, total, largest, index = match.groups() if match else (None, None, "nan", None)
+    n, total, at = n or "1", total or str(expected.numel()), f" at index {index}" if index else ""
+    if _kind(expected) != "float":
+        return f"{n} of {total} entries differ from the expected ones" + (f" (e.g.{at})" if at else "")
+    nan = got.isnan() & ~expected.isnan()
+    problem = f"values differ in {n} of {total} entries: largest |got - expected| = {float(largest):.3g}{at}"
+    if nan.any():
+        problem = f"the result contains NaN ({int(nan.sum())} of {total} entries)"
+    if got.dtype != expected.dtype:  # e.g. float16, whose rounding and range may be the cause
         problem += f" (your result has dtype {got.dtype}, the expected one {expected.dtype})"
     return problem
-
-
-def _float_difference(got: Tensor, expected: Tensor, atol: float) -> str | None:
-    if torch.isnan(got).any() and not torch.isnan(expected).any():
-        return "the result contains NaN"
-    if not torch.equal(torch.isinf(got), torch.isinf(expected)):
-        return (
-            f"{int((torch.isinf(got) != torch.isinf(expected)).sum())} entries are infinite where they should "
-            f"not be, or finite where they should be -inf"
-        )
-    if not torch.allclose(got, expected, atol=atol, rtol=1e-4):
-        return f"values differ: largest |got - expected| = {(got - expected).abs().max().item():.3g}"
-    return None
 
 
 def _nan_to_zero(x: Any) -> Any:
@@ -400,27 +401,69 @@ def _in_place_failure(inputs: dict[str, Any], copies: dict[str, Any]) -> _Failur
     return None
 
 
-def _result_failure(got: Any, expected: Any, bugs: Iterable[Bug], hint: str | Hint, atol: float) -> _Failure | None:
+def _result_failure(got: Any, expected: Any, bugs: tuple[Bug, ...], hint: str | Hint, atol: float) -> _Failure | None:
     try:  # an odd result (sparse, on another device, a subclass) must not crash the checker either
         problem = _difference(got, expected, atol)
     except Exception as e:
         return f"could not compare your result with the expected one: {type(e).__name__}: {e}", hint
     if problem is None:
         return None
-    return problem, _hint_of_matching_bug(got, expected, bugs, atol) or hint
+    return problem, _hint_of_matching_bugs(got, expected, bugs, atol) or hint
 
 
-def _hint_of_matching_bug(got: Any, expected: Any, bugs: Iterable[Bug], atol: float) -> str | Hint:
-    """The hint of the first bug that gives ``got`` (NaN read as 0: a softmax over all -inf still identifies the
-    bug that made it); a bug that gives the right result on this case is skipped."""
+def _hint_of_matching_bugs(got: Any, expected: Any, bugs: tuple[Bug, ...], atol: float) -> str | Hint:
+    """The hint of the bugs that give ``got`` (NaN read as 0: a softmax over all -inf still identifies the bug
+    that made it), merged into "one of" when several give it; a bug that is right on this case is skipped."""
+    hints: list[Hint] = []
     for bug in bugs:
         try:
             wrong = bug.fn()
             if _difference(wrong, expected, atol) is not None and _difference(_nan_to_zero(got), wrong, atol) is None:
-                return bug.hint
+                hints.append(_as_hint(bug.hint))
         except Exception:
             continue
-    return ""
+    hints = list(dict.fromkeys(hints))
+    if len(hints) <= 1:
+        return hints[0] if hints else ""
+    concepts = " Or ".join(f"({i}) {h.concept}" for i, h in enumerate(hints, 1))
+    fixes = list(dict.fromkeys(h.fix for h in hints if h.fix))
+    fix = fixes[0] if len(fixes) == 1 else " Or ".join(f"({i}) {f}" for i, f in enumerate(fixes, 1))
+    return Hint(f"one of {len(hints)} mistakes that give this same result here: {concepts}", fix)
+
+
+def _as_bugs(bugs: Iterable[Bug] | Mapping[Any, str | Hint], expected: Any) -> tuple[Bug, ...]:
+    """``bugs`` as :class:`Bug` objects: a mapping ``{wrong value: hint}`` (a prediction's classic wrong numbers,
+    compared as floats when the expected value is one) gives one each."""
+    if not isinstance(bugs, Mapping):
+        return tuple(bugs)
+    as_float = isinstance(expected, float)
+    return tuple(Bug(lambda v=float(v) if as_float else v: v, hint) for v, hint in bugs.items())
+
+
+def _profiled(codes: dict[CodeType, str], called: set[str], call: Callable[[], Any]) -> Any:
+    """``call()``, adding to ``called`` the name of each function of ``codes`` that it runs."""
+
+    def profile(frame: FrameType, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code in codes:
+            called.add(codes[frame.f_code])
+
+    previous = sys.getprofile()
+    sys.setprofile(profile)
+    try:
+        return call()
+    finally:
+        sys.setprofile(previous)
+
+
+def _code_objects(functions: Iterable[Any]) -> dict[CodeType, str]:
+    """The code of each function, and of each method of each class, by the function's (or class's) name."""
+    codes = {}
+    for f in functions:
+        for member in vars(f).values() if isinstance(f, type) else (f,):
+            code = getattr(inspect.unwrap(member), "__code__", None) if callable(member) else None
+            if isinstance(code, CodeType):
+                codes[code] = f.__name__
+    return codes
 
 
 class Checker:
@@ -431,13 +474,25 @@ class Checker:
         self.title, self.lines, self.failures = title, [], 0
         self.hints: list[Hint] = []  # of the failed cases, each once, in order
         self.timeout_seconds = timeout_seconds  # None: CASE_TIMEOUT_SECONDS, read when a case runs
+        self._refused: dict[CodeType, str] = {}  # the library's functions the answer must not call
+        self._called: set[str] = set()  # those it called
+
+    @contextlib.contextmanager
+    def refuse_library_calls(self, *functions: Any, name: str, hint: str | Hint) -> Iterator[None]:
+        """Within the block, watch the answer for calls of ``functions`` (or of a class's methods), the library's
+        own answer to the exercise; after it, if it called any, one more failed case ``name`` lists them."""
+        self._refused, self._called = _code_objects(functions), set()
+        yield
+        self._refused = {}
+        if self._called:  # right values, perhaps, but not the exercise: one more failed case
+            self.case(name, lambda: sorted(self._called), [], hint=hint)
 
     def case(
         self,
         name: str,
         answer: Callable[..., Any],
         expected: Any,
-        bugs: Iterable[Bug] = (),
+        bugs: Iterable[Bug] | Mapping[Any, str | Hint] = (),
         hint: str | Hint = "",
         error_hint: ErrorHint = "",
         atol: float = 1e-5,
@@ -450,18 +505,24 @@ class Checker:
         fails, naming the input, if the answer changes its copies in place. ``expected`` is copied before the
         answer runs, so it cannot change either. ``error_hint`` (the hint when the answer raises) may be a
         function of the exception, to hint only at the mistake that raises it. Every hint (these two, and each
-        bug's) is a ``str`` (a concept) or a :class:`Hint` (a concept and its fix in code).
+        bug's) is a ``str`` (a concept) or a :class:`Hint` (a concept and its fix in code). ``bugs`` are
+        :class:`Bug` objects (:func:`bug_table`) or, for a prediction, a mapping ``{wrong value: hint}``; when
+        several give the answer's result, their hints are merged ("one of").
         """
         expected = _independent_copy(expected)
         inputs = inputs or {}
         copies = copy.deepcopy(inputs)  # one copy per object: aliased inputs (key is value) stay aliased
         seconds = CASE_TIMEOUT_SECONDS if self.timeout_seconds is None else self.timeout_seconds
         run = _run_with_alarm if _can_use_alarm() else _run_in_thread  # SIGALRM where possible
-        got, error = run(lambda: answer(**copies), seconds)
+        if self._refused:
+            codes, called = self._refused, self._called
+            got, error = run(lambda: _profiled(codes, called, lambda: answer(**copies)), seconds)
+        else:
+            got, error = run(lambda: answer(**copies), seconds)
         failure = (
             _error_failure(error, seconds, error_hint, hint)
             or _in_place_failure(inputs, copies)
-            or _result_failure(got, expected, bugs, hint, atol)
+            or _result_failure(got, expected, _as_bugs(bugs, expected), hint, atol)
         )
         if failure:
             self._fail(name, *failure)
@@ -622,19 +683,57 @@ def _record(result: CheckResult) -> None:
             f.write(json.dumps(record) + "\n")
 
 
+REGISTRY: dict[str, dict[str, Any]] = {}
+"""Every chapter's checkers: chapter module (``transformer_lib.notebook.exercises.ch01_attention``) -> checker
+name -> the public checker, in the order they are defined. ``@checker`` fills it; the package exports them."""
+
+_ANSWER_KINDS = ("function", "value")
+
+
+def _run_checker(body: Callable[..., None], given: Any, answer: str, starter: CodeType | None) -> CheckResult:
+    """``body``'s cases on the answer ``given``, or why they do not run (not answered yet; not a function)."""
+    title = body.__name__
+    if is_unanswered(given) or starter is not None and _is_starter(given, starter):
+        return _not_answered(title, answer, spot_the_bug=starter is not None)
+    if answer == "function" and not callable(given):
+        return CheckResult(f"{title}: expected a function, got {type(given).__name__}", False)
+    c = Checker(title)
+    with _random_state_kept():  # the hidden cases and the answer must not disturb the reader's random streams
+        body(c, given)
+    return c.done(quiet=True)
+
+
+def _public_signature(check: Any, body: Callable[..., Any]) -> None:
+    """``check(answer, /) -> CheckResult``: ``body``'s signature without its Checker argument, for help()."""
+    _, parameter = inspect.signature(body).parameters.values()
+    check.__signature__ = inspect.Signature(
+        [parameter.replace(kind=inspect.Parameter.POSITIONAL_ONLY)], return_annotation="CheckResult"
+    )
+    check.__annotations__ = {k: v for k, v in body.__annotations__.items() if k == parameter.name}
+    check.__annotations__["return"] = CheckResult
+
+
 def checker(
-    body: Callable[[Checker, Any], None] | None = None, /, *, answer: str = "function", starter: str | None = None
+    body: Callable[[Checker, Any], None] | None = None,
+    /,
+    *,
+    answer: str = "function",
+    starter: str | None = None,
+    reference: Any = None,
 ) -> Any:
-    """Turn ``body(c, answer)`` into the public ``check_<name>(answer) -> CheckResult`` of the same name.
+    """Turn ``body(c, answer)`` into the public ``check_<name>(answer) -> CheckResult`` of the same name, and
+    register it in :data:`REGISTRY` under its chapter module.
 
     ``@checker`` checks a function; ``@checker(answer="value")`` checks a value (a prediction), passed to
     ``body`` as it is. Either way an unanswered starter (``...``) gets "not answered yet" and no case runs,
     and every call is recorded for the grader (:func:`grader_records`). ``@checker(starter=SOURCE)`` declares a
     *Spot the bug* exercise's starter cell, ``SOURCE`` (its source as in the notebook): an answer with the
     code of a function or class it defines, unchanged but for whitespace and comments, is "not answered yet".
-    ``check_<name>.hint()`` prints the fixes in code of its last call; ``check_<name>.starter`` is ``SOURCE``.
+    ``reference`` is a right answer, computed independently of the checker's own where possible (the library's
+    function): the shared tests hand it to the checker. ``check_<name>.hint()`` prints the fixes in code of its
+    last call; ``check_<name>.starter`` is ``SOURCE``, ``check_<name>.reference`` the right answer.
     """
-    if answer not in ("function", "value"):
+    if answer not in _ANSWER_KINDS:
         raise ValueError(f'answer must be "function" or "value", got {answer!r}')
     if starter is not None and (answer != "function" or not isinstance(starter, str)):
         raise TypeError(
@@ -642,26 +741,14 @@ def checker(
             f"{type(starter).__name__} with answer={answer!r}"
         )
     if body is None:
-        return functools.partial(checker, answer=answer, starter=starter)
+        return functools.partial(checker, answer=answer, starter=starter, reference=reference)
     title = body.__name__
-    _, answer_parameter = inspect.signature(body).parameters.values()
     starter_cell = None if starter is None else _compiled(starter)  # a typo in it fails at import
     last: list[CheckResult] = []  # the last call's result, for check.hint()
 
-    def run(given: Any) -> CheckResult:
-        if is_unanswered(given) or starter_cell is not None and _is_starter(given, starter_cell):
-            return _not_answered(title, answer, spot_the_bug=starter is not None)
-        if answer == "function" and not callable(given):
-            return CheckResult(f"{title}: expected a function, got {type(given).__name__}", False)
-        c = Checker(title)
-        with _random_state_kept():  # the hidden cases and the answer must not disturb the reader's random streams
-            body(c, given)
-        return c.done(quiet=True)
-
     @functools.wraps(body)
     def check(given: Any, /) -> CheckResult:
-        result = run(given)
-        last[:] = [result]
+        last[:] = [result := _run_checker(body, given, answer, starter_cell)]
         print(result.text)
         try:
             _record(result)
@@ -669,20 +756,13 @@ def checker(
             print(f"(could not record the result for the grader: {e})")
         return result
 
-    # help() and the chapters show check_<name>(answer, /) -> CheckResult, without the Checker argument
-    check.__signature__ = inspect.Signature(
-        [answer_parameter.replace(kind=inspect.Parameter.POSITIONAL_ONLY)], return_annotation="CheckResult"
-    )
-    check.__annotations__ = {
-        name: annotation for name, annotation in body.__annotations__.items() if name == answer_parameter.name
-    } | {"return": CheckResult}
-    check.answer_kind = answer  # "function" or "value": what the grader and the tests hand it
-    check.starter = starter  # a Spot the bug's starter cell, or None
-
     def hint() -> None:
         """Print the fixes in code for the last answer this checker failed (the feedback gives the concepts)."""
         print(_fixes_text(title, last[0] if last else None))
 
+    _public_signature(check, body)
     hint.__qualname__ = f"{title}.hint"
-    check.hint = hint
+    vars(check).update(answer_kind=answer, starter=starter, reference=reference, hint=hint)
+    if (body.__module__ or "").startswith(__name__.rpartition(".")[0] + ".ch"):  # a chapter's checker, not a test's
+        REGISTRY.setdefault(body.__module__, {})[title] = check
     return check
