@@ -86,9 +86,27 @@ def test_same_generator_same_masks_and_a_1d_input():
         (dict(p=1.5), ValueError, "p must be a probability"),
         (dict(special_ids=(V + 1,)), ValueError, "special_ids must be < vocab_size"),
         (dict(vocab_size=3, ids=torch.tensor([[0, 1]])), ValueError, "no id is left"),
+        (dict(special_ids=None), TypeError, "special_ids must be an iterable of ints, got NoneType"),
+        (dict(special_ids="01"), TypeError, "special_ids must be an iterable of ints, got str"),
+        (dict(generator=5), TypeError, "generator must be a CPU torch.Generator or None, got 5"),
+        (dict(ids=torch.tensor([[3, 4, 5]]).to_sparse()), TypeError, "ids must be a dense tensor, got layout"),
     ],
 )
 def test_bad_input_gets_a_clear_error(kwargs, error, match):
     args = dict(ids=torch.tensor([[3, 4, 5]]), mask_id=MASK, vocab_size=V, special_ids=(PAD, CLS)) | kwargs
     with pytest.raises(error, match=match):
         mask_tokens(**args)
+
+
+def test_a_huge_vocabulary_costs_nothing_and_draws_only_ordinary_ids():
+    """No tensor the size of the vocabulary: a 2**40 vocabulary (a 1 TB mask of allowed ids before) draws
+    random replacements from the ids that are neither special nor mask_id, uniformly as for a small one."""
+    big = 2**40
+    ids = torch.tensor([[5, 6, 7, 8] * 500])
+    specials = (0, 1, big - 1)
+    inputs, labels = mask_tokens(ids, 2, big, p=1.0, special_ids=specials, generator=torch.Generator().manual_seed(0))
+    drawn = inputs[(inputs != 2) & (inputs != ids)]
+    assert len(drawn) > 100 and ((drawn > 2) & (drawn < big - 1)).all()
+    assert drawn.max() > 2**39  # drawn over the whole range
+    small = mask_tokens(ids, 2, 10, p=1.0, special_ids=(0, 1, 9), generator=torch.Generator().manual_seed(0))[0]
+    assert set(small[(small != 2) & (small != ids)].tolist()) == {3, 4, 5, 6, 7, 8}  # every ordinary id, no other

@@ -50,23 +50,28 @@ def mask_tokens(
     p = _validate_real("p", p, "a probability in [0, 1]", lambda x: 0.0 <= x <= 1.0)
     if not isinstance(ids, Tensor):
         raise TypeError(f"ids must be a torch.Tensor of token ids, got {type(ids).__name__}")
+    if ids.layout != torch.strided:
+        raise TypeError(f"ids must be a dense tensor, got layout {ids.layout}")
     if ids.dim() not in (1, 2):
         raise ValueError(f"ids must have shape (B, T) or (T,), got shape {tuple(ids.shape)}")
     ids = _validate_token_ids("ids", ids if ids.dim() == 2 else ids[None], vocab_size).view(ids.shape)
+    if isinstance(special_ids, str | bytes) or not isinstance(special_ids, Iterable):
+        raise TypeError(f"special_ids must be an iterable of ints, got {type(special_ids).__name__}")
+    if generator is not None and (not isinstance(generator, torch.Generator) or generator.device.type != "cpu"):
+        raise TypeError(f"generator must be a CPU torch.Generator or None, got {generator!r}")
     special = torch.tensor(sorted({_validate_int("special_ids", s, 0) for s in special_ids} | {mask_id}))
     if int(special.max()) >= vocab_size:
         raise ValueError(f"special_ids must be < vocab_size={vocab_size}, got {special.tolist()}")
-    allowed = torch.ones(vocab_size, dtype=torch.bool)
-    allowed[special] = False
-    ordinary = allowed.nonzero().squeeze(1)  # the ids a random replacement may take
-    if len(ordinary) == 0:
+    n_ordinary = vocab_size - len(special)  # the ids a random replacement may take: not special, not mask_id
+    if n_ordinary == 0:
         raise ValueError("every id is special or mask_id: no id is left to draw a random replacement from")
 
     cpu_ids = ids.cpu()
     selected = torch.rand(ids.shape, generator=generator) < p  # (B, T)
     selected &= ~torch.isin(cpu_ids, special)  # specials are never predicted
     choice = torch.rand(ids.shape, generator=generator)  # < 0.8: [MASK]; < 0.9: random; else unchanged
-    random_ids = ordinary[torch.randint(len(ordinary), ids.shape, generator=generator)]
+    r = torch.randint(n_ordinary, ids.shape, generator=generator)  # the r-th ordinary id, for each position
+    random_ids = r + torch.searchsorted(special - torch.arange(len(special)), r, right=True)
     inputs = torch.where(selected & (choice < 0.8), mask_id, cpu_ids)
     inputs = torch.where(selected & (choice >= 0.8) & (choice < 0.9), random_ids, inputs)
     labels = torch.where(selected, cpu_ids, IGNORE_INDEX)
