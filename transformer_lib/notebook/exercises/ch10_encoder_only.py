@@ -11,7 +11,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from ...models import EncoderOnlyTransformer
+from ...models import EncoderOnlyConfig, EncoderOnlyTransformer
 from ._framework import Bug, Checker, Hint, bug_table, checker
 
 __all__ = ["check_empty_windows", "check_pseudo_log_likelihood", "check_last_vectors"]
@@ -103,7 +103,8 @@ class _TinyMaskedLM(nn.Module):
 
     def __init__(self, vocab_size: int, T: int) -> None:
         super().__init__()
-        self.encoder = EncoderOnlyTransformer(vocab_size, max_len=T, d_model=16, n_heads=2, n_layers=1, d_ff=32)
+        config = EncoderOnlyConfig(vocab_size, max_len=T, d_model=16, n_heads=2, n_layers=1, d_ff=32)
+        self.encoder = EncoderOnlyTransformer(config)
         self.head = nn.Linear(16, vocab_size)
         with torch.no_grad():  # larger than BERT's 0.02, so that a token's probability depends on its context
             for p in self.parameters():
