@@ -14,7 +14,7 @@ and Jupyter render:
 
 The first code cell installs the library from the one source in ``_config.yml``
 (``colab_install``) on Colab, or wherever ``transformer_lib`` is missing; the next one prints the
-versions and the device (``describe_environment``). The notebook's metadata names its chapter, so
+versions and the device (``setup_chapter``). The notebook's metadata names its chapter, so
 that the grader knows which exercises to expect.
 
 It also writes ``transformer_lib/notebook/exercises/catalogue.json``: every chapter's exercises

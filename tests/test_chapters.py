@@ -56,7 +56,7 @@ def test_first_cell_installs_from_the_configured_repository_only_on_colab(path):
     first, second = code_cells(load(path))[:2]
     assert 'if "google.colab" in sys.modules:' in first.source
     assert expected in first.source, f"{path.name}: the install line differs from _config.yml's repository"
-    assert "describe_environment(" in second.source  # prints versions and the device
+    assert "setup_chapter(" in second.source  # prints versions and the device
 
 
 @pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
@@ -250,4 +250,4 @@ def test_colab_first_cell_installs_the_configured_library_and_the_next_prints_th
     requirement = make_colab.colab_install(ROOT)
     assert f'%pip install -q "{requirement}"' in first.source
     assert 'if "google.colab" in sys.modules or importlib.util.find_spec("transformer_lib") is None:' in first.source
-    assert "describe_environment(" in second.source  # prints Python, torch, the library and the device
+    assert "setup_chapter(" in second.source  # prints Python, torch, the library and the device

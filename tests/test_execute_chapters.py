@@ -21,7 +21,7 @@ import execute_chapters as ec  # noqa: E402
     [
         ("tl.set_seed(0)", "tl.set_seed(1000)", 1),
         ("g = torch.Generator(device).manual_seed( 3 )", "g = torch.Generator(device).manual_seed( 1003 )", 1),
-        ("device = describe_environment(seed=0)", "device = describe_environment(seed=1000)", 1),
+        ("device = setup_chapter(seed=0)", "device = setup_chapter(seed=1000)", 1),
         ("seed = 2\nSEED=7", "seed = 1002\nSEED=1007", 2),
         ("SEEDS = (0, 1, 2)\nseeds = (0,)", "SEEDS = (1000, 1001, 1002)\nseeds = (1000,)", 4),
         ("N_LAYERS, LR, SEED = 6, 1e-2, 0  # six layers", "N_LAYERS, LR, SEED = 6, 1e-2, 1000  # six layers", 1),

@@ -447,7 +447,7 @@ def test_liveplot_as_a_real_trainer_callback(displayed) -> None:
     torch.manual_seed(0)
     model = torch.nn.Linear(2, 1)
     config = TrainConfig(
-        max_steps=4, eval_interval=2, eval_steps=1, log_interval=1, warmup_steps=0, amp=False, progress=False
+        max_steps=4, eval_interval=2, eval_steps=1, log_interval=1, warmup_steps=0, amp=False
     )
 
     def batches(generator):
@@ -457,7 +457,7 @@ def test_liveplot_as_a_real_trainer_callback(displayed) -> None:
     trainer = Trainer(
         model, config, batches, loss_fn=lambda m, b: torch.nn.functional.mse_loss(m(b[0]), b[1]), device="cpu"
     )
-    trainer.fit(callback=LivePlot())
+    trainer.fit(callback=LivePlot(), progress=False)
     assert trainer.history.eval_steps == [0, 2, 4]
     assert len(displayed) == 1 and len(displayed[0][2].updates) == 2  # one display, then one update per eval
     assert _curves(displayed[0][2].updates[-1])["validation"] == [0, 2, 4]
@@ -507,7 +507,7 @@ def test_the_busy_cpu_message_fits_the_output_box(monkeypatch, capsys):
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
     monkeypatch.setattr(environment, "threads_for_a_busy_cpu", lambda: 1)
     monkeypatch.setattr(environment, "get_device", lambda: torch.device("cpu"))
-    environment.describe_environment(seed=None)
+    environment.setup_chapter(seed=None)
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 4 and lines[0].endswith("| device: cpu"), lines  # versions and device on one line
     assert "one PyTorch thread instead of 16" in lines[1]
@@ -521,7 +521,7 @@ def test_a_gpu_name_goes_to_its_own_line(monkeypatch, capsys):
 
     monkeypatch.setattr(environment, "get_device", lambda: torch.device("cuda", 0))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "NVIDIA GeForce RTX 4090 Laptop GPU")
-    environment.describe_environment(seed=None)
+    environment.setup_chapter(seed=None)
     lines = capsys.readouterr().out.splitlines()
     assert lines[1] == "device: cuda:0 (NVIDIA GeForce RTX 4090 Laptop GPU)", lines
     assert lines[0].startswith("Python ") and all(len(line) <= 79 for line in lines), lines
