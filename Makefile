@@ -1,7 +1,7 @@
 # Two commands do all the set-up on a fresh clone:
 #   make book   builds the HTML book (virtual environment, packages, vendored JS, executed notebooks)
 #   make test   runs the whole test suite (library, notebooks, book build, pages in headless Chromium)
-# and `make lint` checks the code with ruff (lint and format) and mypy (types of the core library), as CI
+# and `make lint` checks the code with ruff (lint and format) and mypy (types of the package), as CI
 # does before `make test`. `make help` lists every target.
 #
 # Which PyTorch: `pip install torch==2.13.0` (TORCH) takes the registry's default build. On Linux
@@ -77,7 +77,7 @@ book: setup  ## the HTML book in _build/html (warnings are errors, every noteboo
 browser:  ## headless Chromium, for the browser tests (apt-get, Debian)
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
 
-# ruff's lint rules and formatting, and mypy on the core library (all configured in pyproject.toml;
+# ruff's lint rules and formatting, and mypy on the package (all configured in pyproject.toml;
 # .pre-commit-config.yaml runs the same three before each commit). All three run; any failing fails.
 lint: setup  ## ruff check, ruff format --check and mypy, as CI runs them
 	status=0; $(BIN)/ruff check . || status=1; $(BIN)/ruff format --check . || status=1; \

@@ -8,11 +8,15 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from ..training import History, Trainer
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 AttentionLike = Sequence[torch.Tensor | np.ndarray] | torch.Tensor | np.ndarray
 
@@ -88,7 +92,7 @@ def plot_attention_grid(
     fontsize: float = 6.0,
     title: str | None = None,
     numbering: int = 0,
-):
+) -> Figure:
     """Attention weights as a grid of heatmaps: one row per layer, one column per head, with token labels.
 
     Rows are queries (labelled ``tokens_q``), columns keys (``tokens_k``, default ``tokens_q``).
@@ -112,13 +116,13 @@ def plot_attention_grid(
         raise ValueError(f"numbering must be 0 or 1 (the number of the first layer and head), got {numbering!r}")
     all_layers = [t.float() for t in attention_layers(maps, "maps", batch_index)]
     T_q, T_k = all_layers[0].shape[-2:]
-    tokens_q = validate_tokens(tokens_q, T_q, "tokens_q")
-    tokens_k = tokens_q if tokens_k is None else validate_tokens(tokens_k, T_k, "tokens_k")
-    if tokens_q is None or tokens_k is None:
+    labels_q = validate_tokens(tokens_q, T_q, "tokens_q")
+    labels_k = labels_q if tokens_k is None else validate_tokens(tokens_k, T_k, "tokens_k")
+    if labels_q is None or labels_k is None:
         raise ValueError("tokens_q: required (one string per query position)")
-    if len(tokens_k) != T_k:
+    if len(labels_k) != T_k:
         raise ValueError(
-            f"tokens_k: attention covers {T_k} key positions but {len(tokens_k)} tokens were given; "
+            f"tokens_k: attention covers {T_k} key positions but {len(labels_k)} tokens were given; "
             "pass tokens_k for cross-attention"
         )
     layer_ids = _pick(layers, len(all_layers), "layers")
@@ -140,8 +144,8 @@ def plot_attention_grid(
             ax.set_title(f"layer {layer + numbering}, head {head + numbering}", fontsize=fontsize + 2)
             ax.set_xticks(range(T_k))
             ax.set_yticks(range(T_q))
-            ax.set_xticklabels(tokens_k if r == rows - 1 else [], rotation=90, fontsize=fontsize)
-            ax.set_yticklabels(tokens_q if c == 0 else [], fontsize=fontsize)
+            ax.set_xticklabels(labels_k if r == rows - 1 else [], rotation=90, fontsize=fontsize)
+            ax.set_yticklabels(labels_q if c == 0 else [], fontsize=fontsize)
             ax.tick_params(length=0)
             if r == rows - 1:
                 ax.set_xlabel("key", fontsize=fontsize + 1)
@@ -158,7 +162,7 @@ def plot_attention_grid(
     return fig
 
 
-def plot_history(history: History, title: str = "Loss"):
+def plot_history(history: History, title: str = "Loss") -> Figure:
     """Training and validation loss against the step. Returns a matplotlib Figure."""
     import matplotlib.pyplot as plt
 

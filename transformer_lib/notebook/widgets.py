@@ -17,10 +17,14 @@ import io
 import itertools
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .runs import can_fork, map_in_processes
 from .environment import in_book_build
+from .runs import can_fork, map_in_processes
+
+if TYPE_CHECKING:
+    import ipywidgets
+    from matplotlib.figure import Figure
 
 MAX_FRAMES = 80
 PRECOMPUTED_NOTE = (
@@ -39,7 +43,7 @@ def _values(name: str, values: Any) -> list[Any]:
     return values
 
 
-def _control(name: str, values: Sequence[Any], value: Any):
+def _control(name: str, values: Sequence[Any], value: Any) -> ipywidgets.ValueWidget:
     import ipywidgets as widgets
 
     options = [(str(v), v) for v in values]
@@ -56,7 +60,7 @@ def _control(name: str, values: Sequence[Any], value: Any):
     return widgets.ToggleButtons(options=options, value=value, description=name, style=style)
 
 
-def _png_html(fig) -> str:
+def _png_html(fig: Figure) -> str:
     import matplotlib.pyplot as plt
 
     buf = io.BytesIO()
@@ -90,7 +94,7 @@ def explore(
     controls: dict[str, Sequence[Any]],
     initial: dict[str, Any] | None = None,
     live: bool | None = None,
-):
+) -> ipywidgets.VBox:
     """A figure with one control per entry of ``controls`` (name -> the values it can take).
 
     ``draw(**values)`` must return a matplotlib ``Figure``. ``initial`` picks the starting
