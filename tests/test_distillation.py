@@ -127,8 +127,8 @@ def test_a_student_trains_on_a_frozen_teacher_with_the_trainer():
     batch = (x, torch.roll(x, -1, 1))
     loss_fn = distillation_loss_fn(teacher, temperature=2.0, alpha=1.0)
     first = loss_fn(student, batch).item()
-    cfg = TrainConfig(max_steps=30, lr=1e-2, warmup_steps=0, eval_interval=100, progress=False, amp=False)
-    Trainer(student, cfg, lambda g: batch, loss_fn=loss_fn, device="cpu").fit()
+    cfg = TrainConfig(max_steps=30, lr=1e-2, warmup_steps=0, eval_interval=100, amp=False)
+    Trainer(student, cfg, lambda g: batch, loss_fn=loss_fn, device="cpu").fit(progress=False)
     assert loss_fn(student, batch).item() < 0.5 * first  # the student moved towards the teacher
     assert all(torch.equal(v, teacher.state_dict()[k]) for k, v in before.items())  # the teacher did not move
     assert not teacher.training

@@ -27,7 +27,7 @@ def data() -> tuple[torch.Tensor, torch.Tensor]:
 
 def trainer(batches, **config) -> Trainer:
     torch.manual_seed(0)
-    base = dict(max_steps=3, warmup_steps=0, eval_interval=100, eval_steps=1, progress=False, amp=False)
+    base = dict(max_steps=3, warmup_steps=0, eval_interval=100, eval_steps=1, amp=False)
     return Trainer(GPT(CONFIG), TrainConfig(**{**base, **config}), batches, device="cpu")
 
 
@@ -49,8 +49,8 @@ def test_k_micro_batches_give_the_gradient_of_one_batch_k_times_larger(k):
     """The gradients themselves (no clipping): without each loss divided by k they would be k times larger."""
     whole = trainer(lambda g: data(), grad_clip=None)
     accumulated = trainer(micro_batches(k), grad_clip=None, grad_accum_steps=k)
-    whole.fit(1)
-    accumulated.fit(1)
+    whole.fit(1, progress=False)
+    accumulated.fit(1, progress=False)
     for (name, a), b in zip(whole.model.named_parameters(), accumulated.model.parameters(), strict=True):
         torch.testing.assert_close(b.grad, a.grad, rtol=1e-5, atol=1e-7, msg=name)
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-7, msg=name)
@@ -59,8 +59,8 @@ def test_k_micro_batches_give_the_gradient_of_one_batch_k_times_larger(k):
 
 def test_accumulation_with_clipping_and_several_steps_follows_the_large_batch():
     whole, accumulated = trainer(lambda g: data()), trainer(micro_batches(3), grad_accum_steps=3)
-    whole.fit()
-    accumulated.fit()
+    whole.fit(progress=False)
+    accumulated.fit(progress=False)
     for a, b in zip(whole.model.parameters(), accumulated.model.parameters(), strict=True):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6)
 
@@ -68,7 +68,7 @@ def test_accumulation_with_clipping_and_several_steps_follows_the_large_batch():
 def test_accumulation_counts_every_micro_batch_and_is_validated():
     t = trainer(micro_batches(4), grad_accum_steps=4)
     t.count = lambda batch: batch[0].numel()
-    t.fit(2)
+    t.fit(2, progress=False)
     assert t.history.items == 2 * BATCH * T
     with pytest.raises(ValueError, match="grad_accum_steps must be a positive int, got 0"):
         TrainConfig(grad_accum_steps=0)
@@ -84,7 +84,7 @@ WORKER = textwrap.dedent(
     from torch import distributed as dist
     sys.path.insert(0, {tests!r})
     from test_distributed import CONFIG, data, trainer
-    from transformer_lib.training import init_distributed
+    from transformer_lib.distributed import init_distributed
 
     device = init_distributed("cpu")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -95,7 +95,7 @@ WORKER = textwrap.dedent(
     assert t.world_size == world and t.ddp is not None
     assert not t.optimizer.defaults["fused"]  # the CPU's fused AdamW sometimes hung a process at exit under DDP
     drawn = t.generator.initial_seed()
-    t.fit()
+    t.fit(progress=False)
     path = t.save({out!r} + "/ckpt.pt")
     result = {{"weights": t.model.state_dict(), "seed": drawn, "val": t.history.val_loss}}
     torch.save(result, {out!r} + f"/rank{{rank}}.pt")
@@ -123,7 +123,7 @@ def test_two_processes_under_torchrun_equal_one_process_on_the_combined_batch(tm
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
     assert ranks[0]["seed"] != ranks[1]["seed"]  # each process draws from its own seeded generator
     single = trainer(lambda g: data(), max_steps=2)
-    single.fit()
+    single.fit(progress=False)
     for name, w in single.model.state_dict().items():
         torch.testing.assert_close(ranks[0]["weights"][name], w, rtol=1e-5, atol=1e-6, msg=name)
         torch.testing.assert_close(ranks[1]["weights"][name], w, rtol=1e-5, atol=1e-6, msg=name)
@@ -152,7 +152,7 @@ PIPELINE_WORKER = textwrap.dedent(
     from torch import distributed as dist
     from transformer_lib import GPT, GPTConfig
     from transformer_lib.parallel import gpt_stages, pipeline_step
-    from transformer_lib.training import init_distributed
+    from transformer_lib.distributed import init_distributed
 
     init_distributed("cpu")
     rank, world = dist.get_rank(), dist.get_world_size()

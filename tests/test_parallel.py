@@ -59,7 +59,7 @@ WORKER = textwrap.dedent(
     sys.path.insert(0, {tests!r})
     from test_parallel import X, network
     from transformer_lib.parallel import TensorParallelFeedForward
-    from transformer_lib.training import init_distributed
+    from transformer_lib.distributed import init_distributed
 
     init_distributed("cpu")
     rank, world = dist.get_rank(), dist.get_world_size()

@@ -156,19 +156,18 @@ def test_checkpoint_round_trip_resumes_exactly(tmp_path_factory, positional, nor
             log_interval=1,
             eval_interval=100,
             eval_steps=1,
-            progress=False,
             amp=False,
         )
         return Trainer(model, config, batches, device="cpu")
 
     straight = trainer()
-    straight.fit()
+    straight.fit(progress=False)
     first = trainer()
-    first.fit(steps)
+    first.fit(steps, progress=False)
     path = first.save(tmp_path_factory.mktemp("ckpt") / "ckpt.pt")
     resumed = trainer()
     resumed.load(path)
-    resumed.fit()
+    resumed.fit(progress=False)
     for (name, a), b in zip(straight.model.state_dict().items(), resumed.model.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
     assert straight.history.train_loss == resumed.history.train_loss  # logged every step: the same losses
