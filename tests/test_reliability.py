@@ -36,7 +36,7 @@ def test_generation_after_training_runs_in_eval_mode_and_restores_the_mode():
         windows = data[starts[:, None] + torch.arange(9)]
         return windows[:, :-1], windows[:, 1:]
 
-    Trainer(model, TrainConfig(max_steps=3, warmup_steps=1, progress=False), batches, device="cpu").fit()
+    Trainer(model, TrainConfig(max_steps=3, warmup_steps=1), batches, device="cpu").fit(progress=False)
     assert model.training  # fit leaves the model training
     prompt = torch.randint(13, (2, 4))
     outs = [model.generate(prompt, 6, temperature=0) for _ in range(5)]

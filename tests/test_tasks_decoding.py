@@ -118,8 +118,8 @@ def trained_reverser():
     tok = Seq2SeqTokenizer(ALPHABETS["reverse"])
     data = Seq2SeqData(make_pairs("reverse", 2000, min_len=3, max_len=6), tok)
     model = small_model(tok.vocab_size).train()
-    cfg = TrainConfig(max_steps=500, lr=5e-3, warmup_steps=20, eval_interval=500, progress=False)
-    Trainer(model, cfg, data.sampler(64), loss_fn=seq2seq_loss, device="cpu").fit()
+    cfg = TrainConfig(max_steps=500, lr=5e-3, warmup_steps=20, eval_interval=500)
+    Trainer(model, cfg, data.sampler(64), loss_fn=seq2seq_loss, device="cpu").fit(progress=False)
     return model.eval(), tok
 
 
