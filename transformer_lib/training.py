@@ -1,11 +1,9 @@
 """The training engine of the chapters that train (4 to 10) and the benchmarks: one small loop.
 
-AdamW with weight-decay groups, linear warm-up then cosine decay, gradient clipping and accumulation,
-periodic evaluation, mixed precision where the hardware multiplies in it natively (:func:`autocast_dtype`)
-and data parallelism under ``torchrun``; the loop waits for the device only when it logs. The trainer's
-whole state is :meth:`Trainer.state_dict`, which :meth:`Trainer.save` writes with
-:mod:`transformer_lib.checkpoint`. An invalid :class:`TrainConfig` raises ``ValueError``; a NaN or
-infinite loss, :class:`NonFiniteLossError`.
+AdamW with weight-decay groups, warm-up then cosine decay, gradient clipping and accumulation, evaluation,
+mixed precision where it is native (:func:`autocast_dtype`), data parallelism under ``torchrun``, and the
+trainer's whole state (:meth:`Trainer.state_dict`, saved by :mod:`transformer_lib.checkpoint`). The loop
+waits for the device only when it logs; a NaN or infinite loss raises :class:`NonFiniteLossError`.
 """
 
 from __future__ import annotations
@@ -28,7 +26,7 @@ from ._validate import _validate_int, _validate_real
 from .checkpoint import CheckpointError
 from .distributed import rank_and_world_size
 from .precision import autocast_dtype
-from .utils import batch_to, get_device
+from .utils import batch_to, eval_mode, get_device
 
 Batch = Any
 BatchFn = Callable[[torch.Generator], Batch]
@@ -43,12 +41,10 @@ class NonFiniteLossError(FloatingPointError):
 class TrainConfig:
     """What a training run computes. ``min_lr`` is reached at ``max_steps`` by the cosine schedule.
 
-    Every field is checked when the config is made (``dataclasses.replace`` too): a ``ValueError``
-    names each invalid field, its value and what is allowed. ``warmup_steps`` may exceed ``max_steps``.
-    ``grad_accum_steps = k`` makes every step accumulate the gradients of k micro-batches, each loss
-    divided by k: with equal micro-batches and a mean loss, one step on a batch k times larger, in the
-    memory of one micro-batch. How a run is executed (compiled or not, with a progress bar or not) is
-    not part of it: see :class:`Trainer` and :meth:`Trainer.fit`.
+    Every field is checked when the config is made (``dataclasses.replace`` too): a ``ValueError`` names
+    each invalid field, its value and what is allowed. ``grad_accum_steps = k`` makes every step accumulate
+    the gradients of k micro-batches, each loss divided by k: with equal micro-batches and a mean loss, one
+    step on a batch k times larger. How a run executes (compiled, with a bar) is the :class:`Trainer`'s.
 
     Defined in chapter 4, Positional encoding.
     """
@@ -207,8 +203,7 @@ class Trainer:
         self._parameters = list(self.model.parameters())  # listed once, in the model's order
         seed = (config.seed + self.rank) % 2**64 if self.rank else config.seed  # in manual_seed's range
         self.generator = torch.Generator().manual_seed(seed)
-        self.step = 0
-        self.history = History()
+        self.step, self.history = 0, History()
         self.amp_dtype = autocast_dtype(self.device) if config.amp else None
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp_dtype == torch.float16)
         self._reset_nonfinite()
@@ -234,13 +229,9 @@ class Trainer:
         """Mean loss over ``steps`` (default ``config.eval_steps``) validation batches (else training ones)."""
         steps = self.config.eval_steps if steps is None else _validate_int("steps", steps, 1)
         batches = self.val_batches or self.train_batches
-        was_training = self.model.training
-        self.model.eval()
-        losses = []
-        for _ in range(steps):
-            with self._autocast():
-                losses.append(self.loss_fn(self.model, batch_to(batches(self.generator), self.device)).float())
-        self.model.train(was_training)
+        with eval_mode(self.model), self._autocast():
+            draws = (batch_to(batches(self.generator), self.device) for _ in range(steps))
+            losses = [self.loss_fn(self.model, batch).float() for batch in draws]
         return self._mean_over_processes(torch.stack(losses).mean()).item()
 
     def fit(
@@ -315,12 +306,11 @@ class Trainer:
     def _raise_nonfinite(self, otherwise: str) -> NoReturn:
         """Raise :class:`NonFiniteLossError` naming the first bad step recorded, else saying ``otherwise``."""
         loss_step, grad_step = self._first_nonfinite.tolist()
+        what = otherwise
         if loss_step >= 0 and (grad_step < 0 or loss_step <= grad_step):
             what = f"the training loss is not finite (NaN or inf) at step {loss_step}"
         elif grad_step >= 0:
             what = f"the gradient norm is not finite (NaN or inf) at step {grad_step}, while the loss still was"
-        else:
-            what = otherwise
         raise NonFiniteLossError(
             f"{what} (steps count from 0; training stopped at step {self.step}, and the weights may no longer "
             f"be finite: reload the last checkpoint). Try a lower learning rate (lr={self.config.lr}), gradient "
@@ -377,11 +367,9 @@ class Trainer:
             self._raise_nonfinite(f"the validation loss at step {self.step} is {loss}")
         h.eval_steps.append(self.step)
         h.val_loss.append(loss)
-        if callback is not None:  # fit trains in training mode, and switches back after the callback
-            self.model.eval()
-            with torch.no_grad():
+        if callback is not None:
+            with eval_mode(self.model), torch.no_grad():
                 callback(self)
-            self.model.train()
 
     # ------------------------------------------------------------------ state and checkpoints
 
@@ -393,9 +381,8 @@ class Trainer:
         """Everything a resume needs, in tensors and plain Python values (it loads with ``weights_only=True``):
         weights, optimizer, loss scaler, step, configs, the data generator (every process's, gathered, under
         data parallelism: a collective there) and PyTorch's own random states, and the history."""
-        generators = [self.generator.get_state()]
+        generators: list[Any] = [self.generator.get_state()] * self.world_size
         if self.world_size > 1:
-            generators = [None] * self.world_size
             dist.all_gather_object(generators, self.generator.get_state())
         return {
             "model": self.model.state_dict(),
