@@ -3,6 +3,7 @@ from types import ModuleType
 
 import pytest
 import torch
+from torch import Tensor
 
 
 def in_ci() -> bool:
@@ -30,3 +31,15 @@ def importorskip_unless_ci(modname: str, minversion: str | None = None, reason: 
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+def generate_with_logits(model, idx: Tensor, max_new_tokens: int, **kwargs) -> tuple[Tensor, Tensor]:
+    """``model.generate(idx, max_new_tokens, **kwargs)`` and the logits each step sampled from,
+    (B, max_new_tokens, vocab_size), read by a forward hook on the output head."""
+    seen: list[Tensor] = []
+    hook = model.lm_head.register_forward_hook(lambda module, args, out: seen.append(out[:, -1]))
+    try:
+        ids = model.generate(idx, max_new_tokens, **kwargs)
+    finally:
+        hook.remove()
+    return ids, torch.stack(seen, dim=1)

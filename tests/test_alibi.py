@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import transformer_lib as tl
+from conftest import generate_with_logits
 from transformer_lib.positional import ALiBi, alibi_bias, alibi_slopes
 
 
@@ -79,8 +80,8 @@ def test_gpt_alibi_cache_equals_no_cache_and_full_forward():
     model = tl.GPT(config).eval()
     assert model.pos is None and all(block.self_attn.alibi is not None for block in model.blocks)
     prompt = torch.randint(0, 20, (2, 3))
-    cached, logits_cached = model.generate(prompt, 6, temperature=0, use_cache=True, return_logits=True)
-    plain, logits_plain = model.generate(prompt, 6, temperature=0, use_cache=False, return_logits=True)
+    cached, logits_cached = generate_with_logits(model, prompt, 6, temperature=0, use_cache=True)
+    plain, logits_plain = generate_with_logits(model, prompt, 6, temperature=0, use_cache=False)
     assert torch.equal(cached, plain)
     torch.testing.assert_close(logits_cached, logits_plain, atol=1e-5, rtol=1e-5)
     with torch.no_grad():

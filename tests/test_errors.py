@@ -6,9 +6,12 @@ import torch
 from transformer_lib import (
     GPT,
     EncoderLayer,
+    EncoderOnlyConfig,
+    EncoderOnlyTransformer,
     GPTConfig,
     LayerNorm,
     MultiHeadAttention,
+    Seq2SeqConfig,
     Seq2SeqTransformer,
     causal_mask,
     combine_masks,
@@ -16,6 +19,25 @@ from transformer_lib import (
     prefix_lm_mask,
     scaled_dot_product_attention,
 )
+
+
+def test_every_model_config_is_checked_when_made():
+    with pytest.raises(ValueError, match=r"Seq2SeqConfig.d_model \(10\) must be divisible by n_heads \(3\)"):
+        Seq2SeqConfig(5, 5, d_model=10, n_heads=3)
+    with pytest.raises(ValueError, match="Seq2SeqConfig.positional must be 'learned' or 'sinusoidal', got 'rope'"):
+        Seq2SeqConfig(5, 5, positional="rope")
+    with pytest.raises(ValueError, match="Seq2SeqConfig.pad_id must be an int >= 0, got -1"):
+        Seq2SeqConfig(5, 5, pad_id=-1)
+    with pytest.raises(ValueError, match="EncoderOnlyConfig.activation must be one of"):
+        EncoderOnlyConfig(5, activation="tanh")
+    with pytest.raises(ValueError, match="EncoderOnlyConfig.norm_eps must be a finite number > 0"):
+        EncoderOnlyConfig(5, norm_eps=0.0)
+    with pytest.raises(ValueError, match="EncoderOnlyConfig.dropout must be a probability"):
+        EncoderOnlyConfig(5, dropout=1.0)
+    with pytest.raises(TypeError, match="Seq2SeqTransformer expects a Seq2SeqConfig, got dict"):
+        Seq2SeqTransformer({"src_vocab_size": 5})
+    with pytest.raises(TypeError, match="EncoderOnlyTransformer expects an EncoderOnlyConfig, got GPTConfig"):
+        EncoderOnlyTransformer(GPTConfig(vocab_size=5, block_size=8))
 
 
 def test_d_model_not_divisible_by_n_heads():
@@ -37,7 +59,7 @@ def test_token_id_outside_vocabulary():
         model(torch.tensor([[1, 2, 7]]))
     with pytest.raises(ValueError, match="token id -1"):
         model(torch.tensor([[1, -1]]))
-    s2s = Seq2SeqTransformer(5, 6, d_model=8, n_heads=2, d_ff=16)
+    s2s = Seq2SeqTransformer(Seq2SeqConfig(5, 6, d_model=8, n_heads=2, d_ff=16))
     with pytest.raises(ValueError, match=r"tgt contains token id 6"):
         s2s(torch.tensor([[1, 2]]), torch.tensor([[6]]))
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch import Tensor
 
-from conftest import importorskip_unless_ci
-from transformer_lib import GPT, EncoderOnlyTransformer, GPTConfig
+from conftest import generate_with_logits, importorskip_unless_ci
+from transformer_lib import GPT, EncoderOnlyConfig, EncoderOnlyTransformer, GPTConfig
 from transformer_lib.pretrained import _bert_to_ours
 
 transformers = importorskip_unless_ci("transformers")
@@ -203,7 +203,7 @@ def test_logits_equal(pair):
 def test_greedy_generation_equal(pair, use_cache):
     ours, hf = pair
     idx = torch.randint(VOCAB, (2, 6))
-    mine, logits = ours.generate(idx, 12, temperature=0, use_cache=use_cache, return_logits=True)
+    mine, logits = generate_with_logits(ours, idx, 12, temperature=0, use_cache=use_cache)
     theirs = hf.generate(
         idx, max_new_tokens=12, do_sample=False, use_cache=use_cache, output_scores=True, return_dict_in_generate=True
     )
@@ -220,9 +220,9 @@ def test_left_padded_batch_equals_each_prompt_alone_and_hugging_face(pair):
     for row, p in enumerate(prompts):
         idx[row, T0 - len(p) :] = p
         attention_mask[row, T0 - len(p) :] = 1
-    batched, batched_logits = ours.generate(idx, 8, temperature=0, attention_mask=attention_mask, return_logits=True)
+    batched, batched_logits = generate_with_logits(ours, idx, 8, temperature=0, attention_mask=attention_mask)
     for row, p in enumerate(prompts):
-        alone, alone_logits = ours.generate(p[None], 8, temperature=0, return_logits=True)
+        alone, alone_logits = generate_with_logits(ours, p[None], 8, temperature=0)
         assert torch.equal(batched[row, T0 - len(p) :], alone[0]), f"row {row} differs from its prompt alone"
         torch.testing.assert_close(batched_logits[row], alone_logits[0], atol=ATOL, rtol=0)
     theirs = hf.generate(idx, attention_mask=attention_mask, max_new_tokens=8, do_sample=False)
@@ -274,9 +274,8 @@ def test_bert_equals_hugging_face():
         ),
         add_pooling_layer=False,
     ).eval()
-    ours = EncoderOnlyTransformer(
-        VOCAB, max_len=BLOCK, d_model=d_model, n_heads=n_heads, n_layers=n_layers, d_ff=64, activation="gelu", eps=1e-12
-    ).eval()
+    config = EncoderOnlyConfig(VOCAB, BLOCK, d_model, n_heads, n_layers, d_ff=64, activation="gelu", norm_eps=1e-12)
+    ours = EncoderOnlyTransformer(config).eval()
     # The mapping load_minilm uses for the real checkpoint (transformer_lib.pretrained._bert_to_ours).
     ours.load_state_dict(_bert_to_ours(hf.state_dict(), n_layers), strict=True)
     input_ids = torch.randint(VOCAB, (2, 11))

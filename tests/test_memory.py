@@ -9,7 +9,6 @@ from transformer_lib import GPT, GPTConfig
 from transformer_lib.memory import (
     adamw_bytes_per_parameter,
     saved_activation_bytes,
-    set_activation_checkpointing,
     state_bytes,
     tensor_bytes,
 )
@@ -63,7 +62,7 @@ def test_checkpointing_gives_the_same_loss_and_gradients_and_saves_memory():
     ckpt = GPT(CONFIG)
     ckpt.load_state_dict(plain.state_dict())
     keys = list(ckpt.state_dict())
-    set_activation_checkpointing(ckpt)
+    ckpt.activation_checkpointing = True
     assert list(ckpt.state_dict()) == keys  # the weights keep their names
     x, y = batch()
     loss_plain, loss_ckpt = plain(x, y)[1], ckpt(x, y)[1]
@@ -75,8 +74,11 @@ def test_checkpointing_gives_the_same_loss_and_gradients_and_saves_memory():
     full = saved_activation_bytes(lambda: plain(x, y)[1])
     kept = saved_activation_bytes(lambda: ckpt(x, y)[1])
     assert kept < full / 3, (kept, full)
-    set_activation_checkpointing(ckpt, enabled=False)
+    ckpt.activation_checkpointing = False
     assert saved_activation_bytes(lambda: ckpt(x, y)[1]) == full
+    ckpt.activation_checkpointing = True
+    with torch.no_grad():  # nothing to recompute without gradients
+        torch.testing.assert_close(ckpt(x, y)[1], loss_plain, rtol=0, atol=0)
 
 
 def test_checkpointed_blocks_still_generate_with_a_cache():
@@ -84,15 +86,11 @@ def test_checkpointed_blocks_still_generate_with_a_cache():
     model = GPT(CONFIG)
     prompt = batch(1, 5)[0]
     expected = model.generate(prompt, 10, temperature=0)
-    set_activation_checkpointing(model)
+    model.activation_checkpointing = True
     assert torch.equal(model.generate(prompt, 10, temperature=0), expected)
 
 
 def test_bad_inputs_are_named():
-    with pytest.raises(ValueError, match="model.blocks must be an nn.ModuleList of blocks, got NoneType"):
-        set_activation_checkpointing(torch.nn.Linear(2, 2))
-    with pytest.raises(TypeError, match="enabled must be True or False, got 1"):
-        set_activation_checkpointing(GPT(CONFIG), enabled=1)
     with pytest.raises(TypeError, match="model must be an nn.Module, got str"):
         state_bytes("gpt")
     with pytest.raises(TypeError, match="fn must be a function computing a loss, got int"):

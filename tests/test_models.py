@@ -5,7 +5,9 @@ import torch
 import torch.nn.functional as F
 
 import transformer_lib
-from transformer_lib import GPT, GPTConfig, Seq2SeqTransformer, count_parameters
+from conftest import generate_with_logits
+from transformer_lib import GPT, GPTConfig, Seq2SeqConfig, Seq2SeqTransformer, count_parameters
+from transformer_lib.precision import output_in_fp32
 from transformer_lib.sampling import sample_next_token, top_k_filter, top_p_filter
 
 VARIANTS = [
@@ -40,8 +42,8 @@ def test_gpt_kv_cache_gives_same_tokens_and_logits(variant):
     model = small_gpt(**variant)
     prompt = torch.randint(0, 23, (2, 5))
     # 40 new tokens with block_size 32: the window also slides past the context length.
-    greedy_c, logits_c = model.generate(prompt, 40, temperature=0, use_cache=True, return_logits=True)
-    greedy_n, logits_n = model.generate(prompt, 40, temperature=0, use_cache=False, return_logits=True)
+    greedy_c, logits_c = generate_with_logits(model, prompt, 40, temperature=0, use_cache=True)
+    greedy_n, logits_n = generate_with_logits(model, prompt, 40, temperature=0, use_cache=False)
     assert torch.equal(greedy_c, greedy_n)
     torch.testing.assert_close(logits_c, logits_n, atol=1e-5, rtol=1e-5)
     sampled_c = model.generate(prompt, 20, top_k=5, top_p=0.9, generator=torch.Generator().manual_seed(1))
@@ -167,9 +169,8 @@ def test_sampling_filters():
 
 
 def test_seq2seq_shapes_leak_and_cached_decoding():
-    model = Seq2SeqTransformer(
-        11, 13, d_model=32, n_heads=4, n_encoder_layers=2, n_decoder_layers=2, d_ff=64, dropout=0.0, pad_id=0
-    ).eval()
+    config = Seq2SeqConfig(11, 13, d_model=32, n_heads=4, n_encoder_layers=2, n_decoder_layers=2, d_ff=64, dropout=0.0)
+    model = Seq2SeqTransformer(config).eval()
     src = torch.tensor([[3, 4, 5, 6, 0, 0], [7, 8, 9, 10, 2, 1]])
     tgt = torch.tensor([[1, 5, 6, 7, 8], [1, 2, 3, 4, 5]])
     logits = model(src, tgt)
@@ -194,9 +195,8 @@ def test_seq2seq_shapes_leak_and_cached_decoding():
 def test_seq2seq_learns_to_reverse(norm_first):
     torch.manual_seed(0)
     V, BOS = 10, 1
-    model = Seq2SeqTransformer(
-        V, V, d_model=32, n_heads=4, n_encoder_layers=1, n_decoder_layers=1, d_ff=64, dropout=0.0, norm_first=norm_first
-    )
+    config = Seq2SeqConfig(V, V, 32, 4, 1, 1, d_ff=64, dropout=0.0, norm_first=norm_first)
+    model = Seq2SeqTransformer(config)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
 
     def batch(n):
@@ -228,12 +228,24 @@ def test_a_model_converted_to_bf16_runs_under_autocast_with_fp32_logits():
     assert model.lm_head.weight.grad.dtype == torch.bfloat16
 
 
+def test_the_head_multiplies_in_fp32_under_autocast_and_runs_its_hooks():
+    torch.manual_seed(0)
+    head, seen = torch.nn.Linear(8, 5), []
+    head.register_forward_hook(lambda module, args, out: seen.append(out.dtype))
+    h = torch.randn(2, 3, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = output_in_fp32(head, h)
+    assert seen == [torch.float32] and logits.dtype == torch.float32
+    torch.testing.assert_close(logits, head(h), rtol=0, atol=0)
+
+
 def test_a_new_encoder_is_initialised_as_bert_is():
     """Word, position and segment embeddings on one scale (N(0, 0.02), HF's initializer_range), biases zero: with
     PyTorch's default N(0, 1) word embeddings, positions 50 times weaker are lost in the embedding norm, and a
     model trained from scratch with the masked-LM loss stays at the unigram loss."""
     torch.manual_seed(0)
-    model = transformer_lib.EncoderOnlyTransformer(500, max_len=64, d_model=64, n_heads=4, n_layers=2, d_ff=128)
+    config = transformer_lib.EncoderOnlyConfig(500, max_len=64, d_model=64, n_heads=4, n_layers=2, d_ff=128)
+    model = transformer_lib.EncoderOnlyTransformer(config)
     for table in (model.word_embed.weight, model.pos.weight, model.type_embed.weight):
         assert abs(table.std().item() - 0.02) < 0.002
     for name, p in model.named_parameters():

@@ -3,7 +3,7 @@ import random
 import pytest
 import torch
 
-from transformer_lib import Seq2SeqTransformer
+from transformer_lib import Seq2SeqConfig, Seq2SeqTransformer
 from transformer_lib.decoding import beam_search, greedy_decode
 from transformer_lib.tasks import (
     ALPHABETS,
@@ -56,9 +56,8 @@ def test_tokenizer_and_batches():
 
 def small_model(vocab):
     torch.manual_seed(0)
-    return Seq2SeqTransformer(
-        vocab, vocab, d_model=32, n_heads=4, n_encoder_layers=1, n_decoder_layers=1, d_ff=64, dropout=0.0, max_len=32
-    ).eval()
+    config = Seq2SeqConfig(vocab, vocab, 32, 4, 1, 1, d_ff=64, dropout=0.0, max_len=32)
+    return Seq2SeqTransformer(config).eval()
 
 
 def test_greedy_with_cache_equals_without():

@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 import torch
 
-from transformer_lib import GPT, GPTConfig, checkpoint, precision, training
+from transformer_lib import GPT, GPTConfig, checkpoint, training
 from transformer_lib.cuda_graphs import GraphedStep
 from transformer_lib.notebook.plots import plot_history
-from transformer_lib.precision import head_product_dtype, native_dtype
+from transformer_lib.precision import native_dtype
 from transformer_lib.text import random_blocks
 from transformer_lib.training import (
     NonFiniteLossError,
@@ -358,36 +358,6 @@ def test_autocast_dtype_follows_the_hardware(monkeypatch):
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
     assert autocast_dtype(torch.device("cpu")) == torch.bfloat16
     assert autocast_dtype(torch.device("mps")) is None
-
-
-def test_the_head_multiplies_in_bf16_only_on_a_cuda_gpu_under_bf16(monkeypatch):
-    """The rule :func:`output_in_fp32` follows and the benchmarks' bounds read (chapter 8, compare_gpt.py)."""
-    cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    monkeypatch.setattr(precision, "_MM_FP32_OUT_ON_CUDA", True)
-    assert head_product_dtype(cuda, torch.bfloat16) == torch.bfloat16
-    for device, amp in ((cuda, torch.float16), (cuda, None), (cpu, torch.bfloat16), (cpu, None)):
-        assert head_product_dtype(device, amp) == torch.float32, (device, amp)
-    monkeypatch.setattr(precision, "_MM_FP32_OUT_ON_CUDA", False)  # a PyTorch without torch.mm's out_dtype
-    assert head_product_dtype(cuda, torch.bfloat16) == torch.float32
-    assert precision._has_cuda_kernel("aten::no_such_operator.dtype") is False
-    if not torch.backends.cuda.is_built():  # a CPU build of PyTorch has no CUDA kernel at all
-        assert not precision._has_cuda_kernel("aten::mm") and not precision._MM_FP32_OUT_ON_CUDA
-
-
-def test_a_head_with_forward_hooks_is_called_as_a_module():
-    """The CUDA bf16 head multiplies the weight without calling the module: it is taken only without hooks."""
-    head = torch.nn.Linear(4, 3)
-    assert not precision._hooked(head)
-    for register in (head.register_forward_hook, head.register_forward_pre_hook):
-        handle = register(lambda *args: None)
-        assert precision._hooked(head)
-        handle.remove()
-    handle = torch.nn.modules.module.register_module_forward_hook(lambda *args: None)  # every module's
-    try:
-        assert precision._hooked(head)
-    finally:
-        handle.remove()
-    assert not precision._hooked(head)
 
 
 def test_the_precision_switch_overrides_the_hardware_for_every_device(monkeypatch):

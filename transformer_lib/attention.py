@@ -218,16 +218,18 @@ class MultiHeadAttention(nn.Module):
         self._validate_inputs(query, key, value)
         T_past = 0 if cache is None else cache.past_length
 
+        q = self.split_heads(self.q_proj(query))  # (B, n_heads, T_q, d_head)
         if cache is not None and cache.static and cache.k is not None and cache.v is not None:
-            q, k, v = self.q_proj(query), cache.k, cache.v  # the memory's keys and values were projected once
+            k, v = cache.k, cache.v  # the memory's keys and values were projected once
         else:
-            q, k_new, v_new = self._project(query, key, value)
-            k, v = self.split_heads(k_new), self.split_heads(v_new)  # (B, n_kv_heads, T_new, d_head)
+            k, v = (
+                self.split_heads(self.k_proj(key)),
+                self.split_heads(self.v_proj(value)),
+            )  # (B, n_kv_heads, T, d_head)
             if self.rotary is not None:
                 k = self.rotary(k, offset=T_past, positions=positions)
             if cache is not None:
                 k, v = cache.update(k, v)  # (B, n_kv_heads, T_k, d_head): earlier positions too
-        q = self.split_heads(q)  # (B, n_heads, T_q, d_head)
         if self.rotary is not None:
             q = self.rotary(q, offset=T_past, positions=positions)
         mask = self._combine_masks(mask, key_padding_mask, query.shape[0], q.shape[2], k.shape[2])
@@ -272,21 +274,6 @@ class MultiHeadAttention(nn.Module):
             )
         keys = key_padding_mask[:, None, None, :]  # (B, 1, 1, T_k)
         return keys if mask is None else mask & keys
-
-    def _project(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """The q, k and v projections.
-
-        Self-attention runs one matmul with the three weights stacked (the "fused" projection),
-        when the projections hold weight tensors (PyTorch's dynamically quantized linears do not:
-        they are called one by one).
-        """
-        projections = (self.q_proj, self.k_proj, self.v_proj)
-        if query is key and key is value and all(isinstance(getattr(p, "weight", None), Tensor) for p in projections):
-            w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])  # (d_model + 2 d_kv, d_model)
-            b = None if self.q_proj.bias is None else torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias])
-            d_kv = self.k_proj.out_features
-            return F.linear(query, w, b).split([self.d_model, d_kv, d_kv], dim=-1)
-        return self.q_proj(query), self.k_proj(key), self.v_proj(value)
 
     def _attend(
         self,

@@ -22,18 +22,19 @@ def _validate_decoding(model: Seq2SeqTransformer, src: Tensor, max_len: int, **s
     """Check the source, the output length against the model's context, and the special ids, before any work."""
     if not isinstance(model, Seq2SeqTransformer):
         raise TypeError(f"model must be a Seq2SeqTransformer, got {type(model).__name__}")
-    _validate_token_ids("src", src, model.src_vocab_size, model.max_len)
+    c = model.config
+    _validate_token_ids("src", src, c.src_vocab_size, c.max_len)
     if src.shape[0] == 0:
         raise ValueError("src is an empty batch (B = 0): there is nothing to decode")
     _validate_int("max_len", max_len)
-    if max_len > model.max_len:
+    if max_len > c.max_len:
         raise ValueError(
             f"max_len={max_len}: decoding that many tokens feeds the decoder up to {max_len} positions, "
-            f"more than the model's context of {model.max_len}"
+            f"more than the model's context of {c.max_len}"
         )
     for name, value in special_ids.items():
-        if not isinstance(value, int) or not 0 <= value < model.tgt_vocab_size:
-            raise ValueError(f"{name} must be a token id in [0, {model.tgt_vocab_size}), got {value!r}")
+        if not isinstance(value, int) or not 0 <= value < c.tgt_vocab_size:
+            raise ValueError(f"{name} must be a token id in [0, {c.tgt_vocab_size}), got {value!r}")
 
 
 @torch.no_grad()
@@ -54,7 +55,7 @@ def greedy_decode(
 
     Defined in chapter 6, Encoder-decoder.
     """
-    pad_id = model.pad_id if pad_id is None else pad_id
+    pad_id = model.config.pad_id if pad_id is None else pad_id
     _validate_decoding(model, src, max_len, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
     with eval_mode(model):
         return _greedy(model, src, max_len, bos_id, eos_id, pad_id, use_cache)
@@ -105,7 +106,7 @@ def beam_search(
 
     Defined in chapter 6, Encoder-decoder.
     """
-    pad_id = model.pad_id if pad_id is None else pad_id
+    pad_id = model.config.pad_id if pad_id is None else pad_id
     _validate_decoding(model, src, max_len, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
     _validate_int("beam_size", beam_size)
     with eval_mode(model):

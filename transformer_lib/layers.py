@@ -12,11 +12,13 @@ that weights copy one to one (see :mod:`transformer_lib.interop`).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from .attention import KVCache, MultiHeadAttention
 from .norms import make_norm
@@ -81,7 +83,7 @@ class EncoderLayer(nn.Module):
 
     ``forward(x, mask)`` returns ``x``, or ``(x, weights)`` with ``need_weights=True``.
     With ``is_causal=True`` (and optionally a ``cache``) the same layer is a
-    decoder-only (GPT) block: see :class:`DecoderOnlyLayer`. ``rotary`` and ``alibi``
+    decoder-only (GPT) block: :class:`DecoderOnlyLayer` is causal by default. ``rotary`` and ``alibi``
     (a :class:`~transformer_lib.positional.RotaryEmbedding`, an
     :class:`~transformer_lib.positional.ALiBi`) go to the self-attention, as in
     :class:`~transformer_lib.attention.MultiHeadAttention`.
@@ -89,8 +91,10 @@ class EncoderLayer(nn.Module):
     Shapes: x (B, T, d_model), mask broadcastable to (B, n_heads, T, T)
         -> (B, T, d_model) [, weights (B, n_heads, T, T)]
 
-    Defined in chapter 6, Encoder-decoder.
+    Defined in chapter 2, Masking.
     """
+
+    causal = False  # what forward's is_causal=None means
 
     def __init__(
         self,
@@ -124,13 +128,14 @@ class EncoderLayer(nn.Module):
         x: Tensor,
         mask: Tensor | None = None,
         need_weights: bool = False,
-        is_causal: bool = False,
+        is_causal: bool | None = None,
         cache: KVCache | None = None,
         positions: Tensor | None = None,
         key_padding_mask: Tensor | None = None,
     ) -> Tensor | tuple[Tensor, Tensor]:
         """``mask`` (T, T) or broadcastable to (B, n_heads, T, T) (a 2-D mask is always (T, T));
-        a per-example padding mask goes in ``key_padding_mask`` (B, T), True = token."""
+        a per-example padding mask goes in ``key_padding_mask`` (B, T), True = token.
+        ``is_causal`` defaults to the class's ``causal``: False here, True for :class:`DecoderOnlyLayer`."""
         weights: list[Tensor] = []
 
         def attend(h: Tensor) -> Tensor:
@@ -139,7 +144,7 @@ class EncoderLayer(nn.Module):
                 mask=mask,
                 key_padding_mask=key_padding_mask,
                 need_weights=need_weights,
-                is_causal=is_causal,
+                is_causal=self.causal if is_causal is None else is_causal,
                 cache=cache,
                 positions=positions,
             )
@@ -151,32 +156,14 @@ class EncoderLayer(nn.Module):
 
 
 class DecoderOnlyLayer(EncoderLayer):
-    """A GPT block: an encoder layer whose self-attention is causal (no cross-attention).
+    """A GPT block: an encoder layer whose self-attention is causal by default (no cross-attention).
 
     Shapes: x (B, T, d_model) -> (B, T, d_model) [, weights (B, n_heads, T, T_k)]
 
     Defined in chapter 5, Norms and residuals.
     """
 
-    def forward(
-        self,
-        x: Tensor,
-        mask: Tensor | None = None,
-        need_weights: bool = False,
-        is_causal: bool = True,
-        cache: KVCache | None = None,
-        positions: Tensor | None = None,
-        key_padding_mask: Tensor | None = None,
-    ) -> Tensor | tuple[Tensor, Tensor]:
-        return super().forward(
-            x,
-            mask=mask,
-            need_weights=need_weights,
-            is_causal=is_causal,
-            cache=cache,
-            positions=positions,
-            key_padding_mask=key_padding_mask,
-        )
+    causal = True
 
 
 class DecoderLayer(nn.Module):
@@ -275,20 +262,23 @@ def run_layers(
     x: Tensor,
     need_weights: bool = False,
     per_layer: Mapping[str, Sequence[object]] | None = None,
+    checkpointed: bool = False,
     **kwargs: Any,
 ) -> tuple[Tensor, list]:
     """Run ``x`` through a stack of layers; return the output and, with ``need_weights``, each layer's weights.
 
     ``kwargs`` go to every layer; ``per_layer`` maps an argument name to one value per layer
     (e.g. ``{"cache": caches}``). A layer with several attentions (a decoder layer) contributes
-    a tuple of weights.
+    a tuple of weights. ``checkpointed=True`` runs each layer under ``torch.utils.checkpoint``
+    (non-reentrant): autograd keeps only the layer's input and recomputes the rest in the backward pass.
 
     Shapes: x (B, T, d_model) -> (B, T, d_model), n_layers x weights (B, n_heads, T, T_k).
     """
     weights = []
     for i, layer in enumerate(layers):
-        own = {name: values[i] for name, values in (per_layer or {}).items()}
-        out = layer(x, need_weights=need_weights, **kwargs, **own)
+        own: dict[str, Any] = {name: values[i] for name, values in (per_layer or {}).items()}
+        run = functools.partial(checkpoint, layer, use_reentrant=False) if checkpointed else layer
+        out = run(x, need_weights=need_weights, **kwargs, **own)
         if need_weights:
             x, *w = out
             weights.append(w[0] if len(w) == 1 else tuple(w))

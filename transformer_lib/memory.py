@@ -1,23 +1,21 @@
-"""Where a model's training memory goes, measured from the tensors, and activation checkpointing.
+"""Where a model's training memory goes, measured from the tensors.
 
 Training keeps four kinds of tensors: the parameters, their gradients, the optimizer's state
 (AdamW: two moments per parameter) and the activations that autograd saves for the backward
 pass. The first three are fixed by the model: :func:`state_bytes` measures them, and
 :func:`adamw_bytes_per_parameter` gives the formula they follow. The activations grow with the
 batch, the sequence length and the depth: :func:`saved_activation_bytes` measures them as autograd
-saves them. Activation checkpointing (:func:`set_activation_checkpointing`) keeps only each
+saves them. Activation checkpointing (``GPT.activation_checkpointing = True``) keeps only each
 block's input and recomputes the rest during the backward pass: less memory, one more forward.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
 from ._validate import _validate_int
 
@@ -105,41 +103,6 @@ def _is_weight(t: Tensor) -> bool:
     return isinstance(t, nn.Parameter) or isinstance(getattr(t, "_base", None), nn.Parameter)
 
 
-def set_activation_checkpointing(model: nn.Module, enabled: bool = True, blocks: str = "blocks") -> nn.Module:
-    """Checkpoint every module of ``model.<blocks>`` (default: ``model.blocks``, as in GPT): in
-    training with gradients on, each block keeps only its input and recomputes its activations
-    during the backward pass (``torch.utils.checkpoint``, non-reentrant). The results and
-    gradients are the same; the weights and their names (``state_dict``) do not change. Without
-    gradients (evaluation, generation with a cache) the blocks run as usual.
-    ``enabled=False`` undoes it. Returns the model.
-
-    Defined in chapter 8, Training at scale.
-    """
-    layers = getattr(model, blocks, None)
-    if not isinstance(layers, nn.ModuleList | nn.Sequential):
-        raise ValueError(f"model.{blocks} must be an nn.ModuleList of blocks, got {type(layers).__name__}")
-    if not isinstance(enabled, bool):
-        raise TypeError(f"enabled must be True or False, got {enabled!r}")
-    for block in layers:
-        if "forward" in vars(block):  # ours, from an earlier call: back to the class's forward
-            del block.forward
-        if enabled:
-            block.forward = _with_checkpointing(block)
-    return model
-
-
-def _with_checkpointing(block: nn.Module) -> Callable[..., Any]:
-    forward = type(block).forward.__get__(block)  # the class's forward, bound to this block
-
-    @functools.wraps(forward)
-    def run(*args: Any, **kwargs: Any) -> Any:
-        if block.training and torch.is_grad_enabled():
-            return checkpoint(forward, *args, use_reentrant=False, **kwargs)
-        return forward(*args, **kwargs)
-
-    return run
-
-
 def kv_cache_bytes_per_token(n_layers: int, n_kv_heads: int, d_head: int, bytes_per_number: int = 4) -> int:
     """Bytes a KV cache takes per token: a key and a value of ``n_kv_heads * d_head`` numbers in every
     layer, ``2 * n_layers * n_kv_heads * d_head * bytes_per_number``. Grouped-query attention
@@ -155,9 +118,7 @@ def kv_cache_bytes_per_token(n_layers: int, n_kv_heads: int, d_head: int, bytes_
 
 def cache_bytes(caches: Any) -> int:
     """Bytes of the keys and values in a model's KV caches (a list of
-    :class:`~transformer_lib.attention.KVCache`): their numbers times their size. (Right after the
-    prompt, a cache's keys and values can be views into the fused q/k/v projection, whose storage
-    also holds the queries until the next token replaces it: :func:`tensor_bytes` counts that.)
+    :class:`~transformer_lib.attention.KVCache`): their numbers times their size.
 
     Defined in chapter 9, Inference and deployment.
     """

@@ -1,14 +1,16 @@
 """Complete models: encoder-decoder, decoder-only (GPT) and encoder-only (BERT).
 
-Every model can hand out all its attention maps, per layer and head, through
-``attention_maps(...)`` for plotting and for bertviz.
+Each model takes a frozen config dataclass (:class:`Seq2SeqConfig`, :class:`GPTConfig`,
+:class:`EncoderOnlyConfig`), checked when made, and builds its layers from it by keyword. Every
+model can hand out all its attention maps, per layer and head, through ``attention_maps(...)``
+for plotting and for bertviz.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal, overload
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -34,23 +36,69 @@ from .utils import eval_mode
 POSITIONALS = ("learned", "sinusoidal", "rope", "alibi", "none")
 
 
+def _validate_config(c: Any, ints: tuple[str, ...], bools: tuple[str, ...]) -> None:
+    """The checks every model config shares: positive ints, booleans, ``d_model`` divisible by
+    ``n_heads``, a known activation, a dropout probability."""
+    name = type(c).__name__
+    for field in ints:
+        _validate_int(f"{name}.{field}", getattr(c, field))
+    for field in bools:
+        if not isinstance(getattr(c, field), bool):
+            raise ValueError(f"{name}.{field} must be True or False, got {getattr(c, field)!r}")
+    if c.d_model % c.n_heads:
+        raise ValueError(f"{name}.d_model ({c.d_model}) must be divisible by n_heads ({c.n_heads})")
+    if c.activation not in ACTIVATIONS:
+        raise ValueError(f"{name}.activation must be one of {ACTIVATIONS}, got {c.activation!r}")
+    _validate_real(f"{name}.dropout", c.dropout, "a probability in [0, 1)", lambda p: 0.0 <= p < 1.0)
+
+
 def _absolute_positions(kind: str, d_model: int, max_len: int) -> nn.Module | None:
     if kind == "learned":
         return LearnedPositionalEmbedding(d_model, max_len)
     if kind == "sinusoidal":
         return SinusoidalPositionalEncoding(d_model, max_len)
-    if kind in ("rope", "alibi", "none"):
-        return None
-    raise ValueError(f"positional must be one of {POSITIONALS}, got {kind!r}")
+    return None  # rope, alibi, none: nothing added to the embeddings
 
 
 # --------------------------------------------------------------------------- encoder-decoder
 
 
-class Seq2SeqTransformer(nn.Module):
-    """The encoder-decoder Transformer of Vaswani et al. (2017).
+@dataclass(frozen=True)
+class Seq2SeqConfig:
+    """Hyper-parameters of :class:`Seq2SeqTransformer`, checked when made and immutable after.
 
-    ``encode(src)`` runs the encoder once; ``decode(tgt, memory)`` runs the decoder
+    ``positional``: "sinusoidal" | "learned"; ``activation``: "relu" | "gelu" | "gelu_tanh" | "swiglu";
+    ``max_len`` bounds the source and the target; ``pad_id`` is the source's padding id (masked).
+
+    Defined in chapter 6, Encoder-decoder.
+    """
+
+    src_vocab_size: int
+    tgt_vocab_size: int
+    d_model: int = 128
+    n_heads: int = 4
+    n_encoder_layers: int = 2
+    n_decoder_layers: int = 2
+    d_ff: int = 512
+    dropout: float = 0.1
+    max_len: int = 256
+    pad_id: int = 0
+    norm_first: bool = False
+    activation: str = "relu"
+    positional: str = "sinusoidal"
+
+    def __post_init__(self) -> None:
+        ints = ("src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "n_encoder_layers", "n_decoder_layers")
+        _validate_config(self, (*ints, "d_ff", "max_len"), ("norm_first",))
+        _validate_int("Seq2SeqConfig.pad_id", self.pad_id, minimum=0)
+        if self.positional not in ("learned", "sinusoidal"):
+            raise ValueError(f"Seq2SeqConfig.positional must be 'learned' or 'sinusoidal', got {self.positional!r}")
+
+
+class Seq2SeqTransformer(nn.Module):
+    """The encoder-decoder Transformer of Vaswani et al. (2017), built from a :class:`Seq2SeqConfig`.
+
+    ``encode(src)`` runs the encoder once; ``decode(tgt, memory, src)`` runs the decoder
     (causal self-attention, cross-attention to ``memory``) and the output head;
     ``forward(src, tgt)`` does both and returns logits. Padding (``pad_id``) is masked
     in the source automatically.
@@ -60,129 +108,90 @@ class Seq2SeqTransformer(nn.Module):
     Defined in chapter 6, Encoder-decoder.
     """
 
-    def __init__(
-        self,
-        src_vocab_size: int,
-        tgt_vocab_size: int,
-        d_model: int = 128,
-        n_heads: int = 4,
-        n_encoder_layers: int = 2,
-        n_decoder_layers: int = 2,
-        d_ff: int = 512,
-        dropout: float = 0.1,
-        max_len: int = 256,
-        pad_id: int = 0,
-        norm_first: bool = False,
-        activation: str = "relu",
-        positional: str = "sinusoidal",
-    ) -> None:
+    def __init__(self, config: Seq2SeqConfig) -> None:
         super().__init__()
-        if positional not in ("learned", "sinusoidal"):
-            raise ValueError(f"Seq2SeqTransformer supports positional 'learned' or 'sinusoidal', got {positional!r}")
-        self.src_vocab_size, self.tgt_vocab_size = src_vocab_size, tgt_vocab_size
-        self.d_model, self.max_len, self.pad_id = d_model, max_len, pad_id
-        self.src_embed = nn.Embedding(src_vocab_size, d_model)
-        self.tgt_embed = nn.Embedding(tgt_vocab_size, d_model)
+        if not isinstance(config, Seq2SeqConfig):
+            raise TypeError(f"Seq2SeqTransformer expects a Seq2SeqConfig, got {type(config).__name__}")
+        self.config = c = config
+        self.src_embed = nn.Embedding(c.src_vocab_size, c.d_model)
+        self.tgt_embed = nn.Embedding(c.tgt_vocab_size, c.d_model)
         self.pos = (
-            LearnedPositionalEmbedding(d_model, max_len)
-            if positional == "learned"
-            else SinusoidalPositionalEncoding(d_model, max_len)
+            LearnedPositionalEmbedding(c.d_model, c.max_len)
+            if c.positional == "learned"
+            else SinusoidalPositionalEncoding(c.d_model, c.max_len)
         )
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = nn.Dropout(c.dropout)
+        layer: dict[str, Any] = dict(
+            d_model=c.d_model, n_heads=c.n_heads, d_ff=c.d_ff, dropout=c.dropout, activation=c.activation
+        )
         self.encoder_layers = nn.ModuleList(
-            EncoderLayer(d_model, n_heads, d_ff, dropout=dropout, activation=activation, norm_first=norm_first)
-            for _ in range(n_encoder_layers)
+            EncoderLayer(**layer, norm_first=c.norm_first) for _ in range(c.n_encoder_layers)
         )
         self.decoder_layers = nn.ModuleList(
-            DecoderLayer(d_model, n_heads, d_ff, dropout=dropout, activation=activation, norm_first=norm_first)
-            for _ in range(n_decoder_layers)
+            DecoderLayer(**layer, norm_first=c.norm_first) for _ in range(c.n_decoder_layers)
         )
         # Pre-LN stacks end un-normalized, so they get a final norm (as nn.Transformer does).
-        self.encoder_norm = make_norm("layernorm", d_model) if norm_first else nn.Identity()
-        self.decoder_norm = make_norm("layernorm", d_model) if norm_first else nn.Identity()
-        self.head = nn.Linear(d_model, tgt_vocab_size)
+        self.encoder_norm = make_norm("layernorm", c.d_model) if c.norm_first else nn.Identity()
+        self.decoder_norm = make_norm("layernorm", c.d_model) if c.norm_first else nn.Identity()
+        self.head = nn.Linear(c.d_model, c.tgt_vocab_size)
         for p in self.parameters():
             if p.dim() > 1:
                 nn.init.xavier_uniform_(p)
 
     def _embed(self, embedding: nn.Embedding, ids: Tensor, offset: int = 0) -> Tensor:
-        x = embedding(ids) * math.sqrt(self.d_model)  # (B, T, d_model), scaled as in the paper
+        x = embedding(ids) * math.sqrt(self.config.d_model)  # (B, T, d_model), scaled as in the paper
         return self.dropout(self.pos(x, offset=offset))
 
     def src_mask(self, src: Tensor) -> Tensor:
         """Shapes: src (B, S) -> (B, 1, 1, S), True for real (non-pad) tokens."""
-        return padding_mask(src, self.pad_id)
+        return padding_mask(src, self.config.pad_id)
 
-    @overload
-    def encode(self, src: Tensor, need_weights: Literal[False] = False) -> Tensor: ...
-    @overload
-    def encode(self, src: Tensor, need_weights: Literal[True]) -> tuple[Tensor, list[Tensor]]: ...
-    def encode(self, src: Tensor, need_weights: bool = False) -> Tensor | tuple[Tensor, list[Tensor]]:
-        """Shapes: src (B, S) -> memory (B, S, d_model) [, per-layer weights (B, n_heads, S, S)]."""
-        src = _validate_token_ids("src", src, self.src_vocab_size, self.max_len)
+    def encode(self, src: Tensor) -> Tensor:
+        """Shapes: src (B, S) -> memory (B, S, d_model)."""
+        return self._encode(src)[0]
+
+    def _encode(self, src: Tensor, need_weights: bool = False) -> tuple[Tensor, list[Tensor]]:
+        src = _validate_token_ids("src", src, self.config.src_vocab_size, self.config.max_len)
         x = self._embed(self.src_embed, src)
         x, weights = run_layers(self.encoder_layers, x, need_weights, mask=self.src_mask(src))
-        x = self.encoder_norm(x)
-        return (x, weights) if need_weights else x
+        return self.encoder_norm(x), weights
 
-    @overload
     def decode(
-        self,
-        tgt: Tensor,
-        memory: Tensor,
-        src: Tensor,
-        need_weights: Literal[False] = False,
-        caches: list[tuple[KVCache, KVCache]] | None = None,
-    ) -> Tensor: ...
-    @overload
-    def decode(
-        self,
-        tgt: Tensor,
-        memory: Tensor,
-        src: Tensor,
-        need_weights: Literal[True],
-        caches: list[tuple[KVCache, KVCache]] | None = None,
-    ) -> tuple[Tensor, tuple[list[Tensor], list[Tensor]]]: ...
-    def decode(
-        self,
-        tgt: Tensor,
-        memory: Tensor,
-        src: Tensor,
-        need_weights: bool = False,
-        caches: list[tuple[KVCache, KVCache]] | None = None,
-    ) -> Tensor | tuple[Tensor, tuple[list[Tensor], list[Tensor]]]:
+        self, tgt: Tensor, memory: Tensor, src: Tensor, caches: list[tuple[KVCache, KVCache]] | None = None
+    ) -> Tensor:
         """Decoder plus output head. ``src`` gives the padding mask for cross-attention.
 
         ``caches`` (one (self, cross) pair per layer, from :meth:`new_caches`) lets the
         caller feed only the new target tokens at each step.
 
         Shapes: tgt (B, T), memory (B, S, d_model), src (B, S) -> logits (B, T, tgt_vocab_size)
-            [, (self weights (B, n_heads, T, T_k) per layer, cross weights (B, n_heads, T, S) per layer)]
         """
+        return self._decode(tgt, memory, src, caches)[0]
+
+    def _decode(
+        self,
+        tgt: Tensor,
+        memory: Tensor,
+        src: Tensor,
+        caches: list[tuple[KVCache, KVCache]] | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, list[tuple[Tensor, Tensor]]]:
         offset = 0 if caches is None else len(caches[0][0])
-        tgt = _validate_token_ids("tgt", tgt, self.tgt_vocab_size, self.max_len - offset)
+        tgt = _validate_token_ids("tgt", tgt, self.config.tgt_vocab_size, self.config.max_len - offset)
         x = self._embed(self.tgt_embed, tgt, offset=offset)
+        per_layer = (
+            None if caches is None else {"self_cache": [c[0] for c in caches], "cross_cache": [c[1] for c in caches]}
+        )
         x, weights = run_layers(
             self.decoder_layers,
             x,
             need_weights,
+            per_layer,
             memory=memory,
             memory_mask=self.src_mask(src),
             tgt_is_causal=True,
-            per_layer=self._layer_caches(caches),
         )
-        logits = output_in_fp32(self.head, self.decoder_norm(x))
-        if not need_weights:
-            return logits
-        self_w, cross_w = (list(w) for w in zip(*weights, strict=True))
-        return logits, (self_w, cross_w)
-
-    @staticmethod
-    def _layer_caches(caches: list[tuple[KVCache, KVCache]] | None) -> dict[str, list[KVCache]] | None:
-        """Per-layer (self, cross) cache pairs as the decoder layers' keyword arguments."""
-        if caches is None:
-            return None
-        return {"self_cache": [c[0] for c in caches], "cross_cache": [c[1] for c in caches]}
+        return output_in_fp32(self.head, self.decoder_norm(x)), weights
 
     def new_caches(self) -> list[tuple[KVCache, KVCache]]:
         """Empty caches for incremental decoding: a growing self-attention cache and a static cross one per layer."""
@@ -199,9 +208,9 @@ class Seq2SeqTransformer(nn.Module):
         Shapes: encoder (B, n_heads, S, S), decoder (B, n_heads, T, T), cross (B, n_heads, T, S).
         """
         with eval_mode(self):
-            memory, enc_w = self.encode(src, need_weights=True)
-            _, (dec_w, cross_w) = self.decode(tgt, memory, src, need_weights=True)
-        return {"encoder": enc_w, "decoder": dec_w, "cross": cross_w}
+            memory, encoder = self._encode(src, need_weights=True)
+            _, weights = self._decode(tgt, memory, src, need_weights=True)
+        return {"encoder": encoder, "decoder": [w[0] for w in weights], "cross": [w[1] for w in weights]}
 
 
 # --------------------------------------------------------------------------- decoder-only
@@ -244,8 +253,8 @@ class GPTConfig:
     fused_norms: bool = True  # the norms' fused PyTorch kernels (same numbers as the written-out ones, faster)
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "block_size", "n_layers", "n_heads", "d_model"):
-            _validate_int(f"GPTConfig.{name}", getattr(self, name))
+        ints = ("vocab_size", "block_size", "n_layers", "n_heads", "d_model")
+        _validate_config(self, ints, ("bias", "norm_first", "tie_weights", "fused_norms"))
         if self.n_kv_heads is None:
             object.__setattr__(self, "n_kv_heads", self.n_heads)
         if self.d_ff is None:
@@ -256,24 +265,16 @@ class GPTConfig:
             object.__setattr__(self, "norm_eps", 1e-6 if self.norm == "rmsnorm" else 1e-5)
         n_kv_heads = _validate_int("GPTConfig.n_kv_heads", self.n_kv_heads)
         _validate_int("GPTConfig.d_ff", self.d_ff)
-        if self.d_model % self.n_heads:
-            raise ValueError(f"GPTConfig.d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
         if self.n_heads % n_kv_heads:
             raise ValueError(f"GPTConfig.n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({n_kv_heads})")
         if self.positional not in POSITIONALS:
             raise ValueError(f"GPTConfig.positional must be one of {POSITIONALS}, got {self.positional!r}")
         if self.positional == "rope" and (self.d_model // self.n_heads) % 2:
             raise ValueError(f"RoPE rotates pairs of dimensions: d_head = {self.d_model // self.n_heads} must be even")
-        if self.activation not in ACTIVATIONS:
-            raise ValueError(f"GPTConfig.activation must be one of {ACTIVATIONS}, got {self.activation!r}")
         if self.norm not in NORMS:
             raise ValueError(f"GPTConfig.norm must be one of {NORMS}, got {self.norm!r}")
-        _validate_real("GPTConfig.dropout", self.dropout, "a probability in [0, 1)", lambda p: 0.0 <= p < 1.0)
         for name in ("rope_base", "norm_eps"):
             _validate_real(f"GPTConfig.{name}", getattr(self, name), "a finite number > 0", lambda x: x > 0)
-        for name in ("bias", "norm_first", "tie_weights", "fused_norms"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"GPTConfig.{name} must be True or False, got {getattr(self, name)!r}")
 
     @property
     def d_head(self) -> int:
@@ -307,7 +308,9 @@ class GPT(nn.Module):
     a final norm and an output head (tied to the token embedding unless ``tie_weights=False``).
     ``forward(idx, targets)`` checks its inputs and returns ``(logits, loss)``; ``logits(idx)`` is
     the same pass without the checks; ``generate`` samples with an optional key/value cache.
-    All three take an ``attention_mask`` (B, T) for left-padded batches.
+    All three take an ``attention_mask`` (B, T) for left-padded batches. Setting
+    ``model.activation_checkpointing = True`` makes each block keep only its input in training
+    and recompute the rest in the backward pass (same results, less memory, one more forward).
 
     Shapes: idx (B, T) with T <= block_size -> logits (B, T, vocab_size), loss scalar or None.
 
@@ -325,6 +328,7 @@ class GPT(nn.Module):
         # (section 3.4), scale the token embeddings by sqrt(d_model) so that the positions do not drown them.
         self.emb_scale = math.sqrt(c.d_model) if c.positional == "sinusoidal" else 1.0
         self.dropout = nn.Dropout(c.dropout)
+        self.activation_checkpointing = False
         blocks = [_gpt_block(c) for _ in range(c.n_layers)]
         self.blocks = nn.ModuleList(blocks)
         self.norm_f = (
@@ -385,15 +389,21 @@ class GPT(nn.Module):
             x = self.pos(x, offset=offset, positions=positions)
         x = self.dropout(x)
         per_layer = None if caches is None else {"cache": caches}
-        x, weights = run_layers(self.blocks, x, need_weights, per_layer, mask=mask, positions=positions)
+        checkpointed = self.activation_checkpointing and self.training and torch.is_grad_enabled()
+        x, weights = run_layers(self.blocks, x, need_weights, per_layer, checkpointed, mask=mask, positions=positions)
         return self.norm_f(x), weights
 
     def logits(
-        self, idx: Tensor, *, caches: list[KVCache] | None = None, attention_mask: Tensor | None = None
+        self,
+        idx: Tensor,
+        *,
+        caches: list[KVCache] | None = None,
+        attention_mask: Tensor | None = None,
+        last_only: bool = False,
     ) -> Tensor:
-        """The logits for every position of ``idx``, with no checks: the fast path for callers that
-        validated their ids once (speculative decoding, the ONNX export; :meth:`forward` checks, then
-        calls this).
+        """The logits for every position of ``idx`` (``last_only``: the last one's alone), with no
+        checks: the fast path for callers that validated their ids once (generation, speculative
+        decoding, the ONNX export; :meth:`forward` checks, then calls this).
 
         The caller promises what :meth:`forward` checks: ``idx`` holds torch.long ids in
         ``[0, vocab_size)``, ``len(caches[0]) + T <= block_size``, and ``attention_mask`` (B, T_past + T)
@@ -402,10 +412,11 @@ class GPT(nn.Module):
         ``block_size`` is an error from the position table, or, with RoPE and ALiBi, silently beyond
         what the model was trained on.
 
-        Shapes: idx (B, T) -> logits (B, T, vocab_size), in fp32 when the weights are bf16/fp16.
+        Shapes: idx (B, T) -> logits (B, T, vocab_size), or (B, 1, vocab_size) with ``last_only``;
+            fp32 under autocast.
         """
         h, _ = self._hidden(idx, caches, attention_mask)
-        return output_in_fp32(self.lm_head, h)
+        return output_in_fp32(self.lm_head, h[:, -1:] if last_only else h)
 
     def forward(
         self,
@@ -453,33 +464,6 @@ class GPT(nn.Module):
         with eval_mode(self):
             return self._hidden(idx, attention_mask=attention_mask, need_weights=True)[1]
 
-    @overload
-    def generate(
-        self,
-        idx: Tensor,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        use_cache: bool = True,
-        generator: torch.Generator | None = None,
-        return_logits: Literal[False] = False,
-        attention_mask: Tensor | None = None,
-    ) -> Tensor: ...
-    @overload
-    def generate(
-        self,
-        idx: Tensor,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        use_cache: bool = True,
-        generator: torch.Generator | None = None,
-        *,
-        return_logits: Literal[True],
-        attention_mask: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor]: ...
     @torch.inference_mode()
     def generate(
         self,
@@ -490,9 +474,8 @@ class GPT(nn.Module):
         top_p: float | None = None,
         use_cache: bool = True,
         generator: torch.Generator | None = None,
-        return_logits: bool = False,
         attention_mask: Tensor | None = None,
-    ) -> Tensor | tuple[Tensor, Tensor]:
+    ) -> Tensor:
         """Append ``max_new_tokens`` sampled tokens to ``idx`` (``temperature=0``: greedy), in eval mode.
 
         Without a cache every step re-runs the model on the last ``block_size`` tokens;
@@ -503,7 +486,7 @@ class GPT(nn.Module):
         lengths: each row then generates what its prompt alone would. Each row must be 0...0 1...1
         with at least one 1 (a ValueError names the row that is not).
 
-        Shapes: idx (B, T0) -> (B, T0 + max_new_tokens) [, logits (B, max_new_tokens, vocab_size)].
+        Shapes: idx (B, T0) -> (B, T0 + max_new_tokens).
         """
         idx = _validate_token_ids("idx", idx, self.config.vocab_size)
         if idx.shape[1] == 0:
@@ -513,19 +496,14 @@ class GPT(nn.Module):
         mask = None
         if attention_mask is not None:
             mask = _validate_left_padded(_validate_attention_mask(attention_mask, *idx.shape))
-        all_logits = []
         with eval_mode(self):
             caches = None
             for _ in range(max_new_tokens):
-                logits, caches = self._next_token_logits(idx, mask, caches if use_cache else None, use_cache)
-                all_logits.append(logits)
+                logits, caches = self._next_token_logits(idx, mask, caches, use_cache)
                 next_id = sample_next_token(logits, temperature, top_k, top_p, generator)  # (B,)
                 idx = torch.cat([idx, next_id[:, None]], dim=1)
                 if mask is not None:
                     mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
-        if return_logits:
-            empty = idx.new_zeros(idx.shape[0], 0, self.config.vocab_size, dtype=torch.float32)
-            return idx, torch.stack(all_logits, dim=1) if all_logits else empty
         return idx
 
     def _next_token_logits(
@@ -543,59 +521,92 @@ class GPT(nn.Module):
             caches = self.new_caches() if use_cache else None  # (re)fill the cache with the visible window
             new = idx[:, -block_size:]
             window_mask = None if mask is None else mask[:, -block_size:]
-        h, _ = self._hidden(new, caches, window_mask)
-        return output_in_fp32(self.lm_head, h[:, -1, :]), caches  # only the last position is needed
+        return self.logits(new, caches=caches, attention_mask=window_mask, last_only=True)[:, -1], caches
 
 
 # --------------------------------------------------------------------------- encoder-only
 
 
-class EncoderOnlyTransformer(nn.Module):
-    """A BERT-style encoder: word + position + segment embeddings, a norm, then Post-LN GELU layers.
+@dataclass(frozen=True)
+class EncoderOnlyConfig:
+    """Hyper-parameters of :class:`EncoderOnlyTransformer`, checked when made and immutable after.
 
-    ``forward(input_ids, attention_mask)`` returns the last hidden states. A new model is initialised as
-    BERT is (every linear and embedding weight from N(0, 0.02), biases zero, norms one), so that word and
-    position embeddings start on the same scale; pretrained weights replace all of it.
-    :func:`transformer_lib.pretrained.load_minilm` fills it with all-MiniLM-L6-v2.
+    The defaults are all-MiniLM-L6-v2's. Hugging Face's ``BertConfig`` calls these ``hidden_size``,
+    ``num_attention_heads``, ``num_hidden_layers``, ``intermediate_size``, ``max_position_embeddings``,
+    ``hidden_act`` and ``layer_norm_eps``.
 
-    Shapes: input_ids (B, T), attention_mask (B, T) of 1 for tokens and 0 for padding
-        -> (B, T, d_model).
+    Defined in chapter 10, Encoder-only.
     """
 
-    def __init__(
-        self,
-        vocab_size: int,
-        max_len: int = 512,
-        d_model: int = 384,
-        n_heads: int = 12,
-        n_layers: int = 6,
-        d_ff: int = 1536,
-        type_vocab_size: int = 2,
-        dropout: float = 0.0,
-        activation: str = "gelu",
-        eps: float = 1e-12,
-    ) -> None:
+    vocab_size: int
+    max_len: int = 512
+    d_model: int = 384
+    n_heads: int = 12
+    n_layers: int = 6
+    d_ff: int = 1536
+    type_vocab_size: int = 2
+    dropout: float = 0.0
+    activation: str = "gelu"
+    norm_eps: float = 1e-12
+
+    def __post_init__(self) -> None:
+        ints = ("vocab_size", "max_len", "d_model", "n_heads", "n_layers", "d_ff", "type_vocab_size")
+        _validate_config(self, ints, ())
+        _validate_real("EncoderOnlyConfig.norm_eps", self.norm_eps, "a finite number > 0", lambda x: x > 0)
+
+
+class EncoderOnlyTransformer(nn.Module):
+    """A BERT-style encoder: word + position + segment embeddings, a norm, then Post-LN layers.
+
+    Built from an :class:`EncoderOnlyConfig`. A new model is initialised as BERT is (every linear and
+    embedding weight from N(0, 0.02), biases zero, norms one), so that word and position embeddings
+    start on the same scale; pretrained weights replace all of it.
+    :func:`transformer_lib.pretrained.load_minilm` fills it with all-MiniLM-L6-v2.
+
+    Shapes: input_ids (B, T) -> hidden states (B, T, d_model).
+    """
+
+    def __init__(self, config: EncoderOnlyConfig) -> None:
         super().__init__()
-        self.vocab_size, self.max_len = vocab_size, max_len
-        self.word_embed = nn.Embedding(vocab_size, d_model)
-        self.pos = LearnedPositionalEmbedding(d_model, max_len)
-        self.type_embed = nn.Embedding(type_vocab_size, d_model)
-        self.embed_norm = make_norm("layernorm", d_model, eps)
-        self.dropout = nn.Dropout(dropout)
+        if not isinstance(config, EncoderOnlyConfig):
+            raise TypeError(f"EncoderOnlyTransformer expects an EncoderOnlyConfig, got {type(config).__name__}")
+        self.config = c = config
+        self.word_embed = nn.Embedding(c.vocab_size, c.d_model)
+        self.pos = LearnedPositionalEmbedding(c.d_model, c.max_len)
+        self.type_embed = nn.Embedding(c.type_vocab_size, c.d_model)
+        self.embed_norm = make_norm("layernorm", c.d_model, c.norm_eps)
+        self.dropout = nn.Dropout(c.dropout)
         self.layers = nn.ModuleList(
-            EncoderLayer(d_model, n_heads, d_ff, dropout, activation, norm_first=False, eps=eps)
-            for _ in range(n_layers)
+            EncoderLayer(
+                d_model=c.d_model,
+                n_heads=c.n_heads,
+                d_ff=c.d_ff,
+                dropout=c.dropout,
+                activation=c.activation,
+                eps=c.norm_eps,
+            )
+            for _ in range(c.n_layers)
         )
         self.apply(GPT._init_weights)  # BERT's initialisation (initializer_range 0.02), for training from scratch
 
     def forward(
+        self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None
+    ) -> Tensor:
+        """The last hidden states. ``attention_mask`` (B, T): 1 for tokens, 0 for padding (never attended
+        to); ``token_type_ids`` (B, T): each token's segment (default: all 0).
+
+        Shapes: input_ids (B, T) -> (B, T, d_model).
+        """
+        return self._encode(input_ids, attention_mask, token_type_ids)[0]
+
+    def _encode(
         self,
         input_ids: Tensor,
         attention_mask: Tensor | None = None,
         token_type_ids: Tensor | None = None,
         need_weights: bool = False,
-    ) -> Tensor | tuple[Tensor, list[Tensor]]:
-        input_ids = _validate_token_ids("input_ids", input_ids, self.vocab_size, self.max_len)
+    ) -> tuple[Tensor, list[Tensor]]:
+        input_ids = _validate_token_ids("input_ids", input_ids, self.config.vocab_size, self.config.max_len)
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         x = self.pos(self.word_embed(input_ids)) + self.type_embed(token_type_ids)  # (B, T, d_model)
@@ -603,11 +614,10 @@ class EncoderOnlyTransformer(nn.Module):
         mask = None
         if attention_mask is not None:
             mask = _validate_attention_mask(attention_mask, *input_ids.shape)[:, None, None, :]  # (B, 1, 1, T)
-        x, weights = run_layers(self.layers, x, need_weights, mask=mask)
-        return (x, weights) if need_weights else x
+        return run_layers(self.layers, x, need_weights, mask=mask)
 
     @torch.no_grad()
     def attention_maps(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> list[Tensor]:
         """Attention weights of every layer, in eval mode. Shapes: input_ids (B, T) -> n_layers x (B, n_heads, T, T)."""
         with eval_mode(self):
-            return self(input_ids, attention_mask, need_weights=True)[1]
+            return self._encode(input_ids, attention_mask, need_weights=True)[1]

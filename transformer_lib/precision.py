@@ -2,9 +2,8 @@
 
 Under autocast the matrix multiplies of the projections and the feed-forward run in bf16
 (or fp16 on GPUs without bf16) with fp32 accumulation; the weights, the norms, the residual
-stream, the attention core on the CPU, the output logits and the loss stay in fp32. On a CUDA
-GPU under bf16 autocast the output head's product, too, takes bf16 operands, and writes its
-fp32 accumulator out as the logits (:func:`output_in_fp32`).
+stream, the attention core on the CPU, the output head (:func:`output_in_fp32`) and the loss
+stay in fp32.
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.nn.modules import module as _nn_module
 
 PRECISION_ENV = "TRANSFORMER_LIB_PRECISION"
 PRECISIONS = {"auto": None, "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -34,7 +32,7 @@ def precision_override() -> str:
 
 
 # oneDNN, which multiplies bf16 matrices on a CPU, uses bf16 instructions only from AVX512_CORE_BF16 up:
-# capped below that (its variable, checked here on a Zen 4 EPYC) it emulates them, at 2-70 GFLOP/s against ~350
+# capped below that it emulates them, several times slower than fp32
 _ONEDNN_ISAS_WITHOUT_BF16 = frozenset(
     {"sse41", "avx", "avx2", "avx2_vnni", "avx2_vnni_2", "avx512_core", "avx512_core_vnni"}
 )
@@ -88,108 +86,38 @@ def autocast_dtype(device: torch.device) -> torch.dtype | None:
     return None if dtype == torch.float32 else dtype
 
 
-def _has_cuda_kernel(op: str) -> bool:
-    """Whether this PyTorch build has a CUDA kernel for the operator overload ``op`` (no GPU needed)."""
-    try:
-        return torch._C._dispatch_has_kernel_for_dispatch_key(op, "CUDA")
-    except RuntimeError:  # a PyTorch without this overload
-        return False
-
-
-# torch.mm(a, b, out_dtype=torch.float32): bf16 operands, the fp32 accumulator written out (CUDA builds; 2.11 has it)
-_MM_FP32_OUT_ON_CUDA = _has_cuda_kernel("aten::mm.dtype")
-
-
-class _Bf16ProductFp32Out(torch.autograd.Function):
-    """``a @ b`` of bf16 operands with fp32 output, on CUDA; the backward's products in bf16, as autocast's.
-
-    Shapes: a (N, d_model), b (d_model, vocab_size) -> (N, vocab_size) in fp32.
-    """
-
-    @staticmethod
-    def forward(ctx: Any, a: Tensor, b: Tensor) -> Tensor:
-        ctx.save_for_backward(a, b)
-        return torch.mm(a, b, out_dtype=torch.float32)
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor]:
-        a, b = ctx.saved_tensors
-        grad = grad.to(a.dtype)  # (N, vocab_size) in bf16, as autocast's backward of a bf16 product takes it
-        return grad @ b.T, a.T @ grad  # (N, d_model), (d_model, vocab_size)
-
-
 def head_product_dtype(device: torch.device, amp_dtype: torch.dtype | None) -> torch.dtype:
-    """The dtype the output head multiplies in under autocast to ``amp_dtype`` on ``device`` (None: none).
-
-    bf16 on a CUDA GPU under bf16 autocast (its logits still fp32, :func:`output_in_fp32`), else fp32.
-    """
-    if device.type == "cuda" and amp_dtype == torch.bfloat16 and _MM_FP32_OUT_ON_CUDA:
-        return torch.bfloat16
+    """The dtype the output head multiplies in under autocast to ``amp_dtype`` on ``device``: always fp32
+    (:func:`output_in_fp32`)."""
     return torch.float32
 
 
-def _hooked(module: nn.Module) -> bool:
-    """Whether calling ``module`` would run forward hooks (its own or global ones) around its forward."""
-    return bool(
-        module._forward_hooks
-        or module._forward_pre_hooks
-        or _nn_module._global_forward_hooks
-        or _nn_module._global_forward_pre_hooks
-    )
+def output_in_fp32(head: nn.Module, h: Tensor) -> Tensor:
+    """``head(h)``, in fp32 even under autocast: every operand, the product and the logits.
 
-
-def _head_bf16_products_fp32_logits(head: nn.Linear, h: Tensor) -> Tensor:
-    """``head(h)`` with bf16 operands and fp32 logits (CUDA, bf16 autocast).
-
-    Shapes: h (..., d_model) -> logits (..., vocab_size), fp32.
-    """
-    with torch.autocast("cuda", enabled=False):
-        a = h.reshape(-1, h.shape[-1]).to(torch.bfloat16)  # (N, d_model), N = the product of h's leading dims
-        logits = _Bf16ProductFp32Out.apply(a, head.weight.to(torch.bfloat16).T)  # (N, vocab_size), fp32
-        if head.bias is not None:
-            logits = logits + head.bias.float()
-    return logits.view(*h.shape[:-1], logits.shape[-1])  # (..., vocab_size)
-
-
-def output_in_fp32(head: nn.Linear, h: Tensor) -> Tensor:
-    """``head(h)``, in fp32 even under autocast.
-
-    bf16 logits keep about 3 significant digits; rounding every logit adds noise that raises
-    the cross-entropy on average, so the logits stay fp32. On a CPU, and on a GPU under fp16,
-    the whole product is fp32 (the head is small: d_model x vocab). On a CUDA GPU under bf16
-    autocast the product takes bf16 operands, as every other projection does, and its fp32
-    accumulator is the output: the logits keep their precision and the tensor cores do the work
-    (GPT-2 small's head is about a quarter of the step's FLOPs; on an H200 the compiled step took
-    29.0 ms this way against 30.2 ms with an fp32 head, ``benchmarks/mfu.py``). That path multiplies
-    the head's weight without calling the module, so a head with forward hooks (its own or global
-    ones) is called instead, in fp32, and its hooks run (chapter 8 records every module's output dtype).
+    bf16 logits keep about 3 significant digits; rounding every logit adds noise that raises the
+    cross-entropy on average, so the head (small: d_model x vocab_size) multiplies in fp32, and the
+    loss is computed from fp32 logits. A head converted to bf16 (``model.to(torch.bfloat16)``) is
+    multiplied with its weights cast to fp32.
 
     Shapes: h (..., d_model) -> logits (..., vocab_size).
     """
-    if torch.is_autocast_enabled(h.device.type):
+    if not torch.is_autocast_enabled(h.device.type):
+        return head(h)
+    with torch.autocast(h.device.type, enabled=False):
         weight = getattr(head, "weight", None)
-        if (
-            h.is_cuda
-            and type(head) is nn.Linear
-            and isinstance(weight, Tensor)
-            and not _hooked(head)  # this path does not call the module: a head with hooks is called, in fp32
-            and head_product_dtype(h.device, torch.get_autocast_dtype("cuda")) == torch.bfloat16
-        ):
-            return _head_bf16_products_fp32_logits(head, h)
-        with torch.autocast(h.device.type, enabled=False):
-            if isinstance(weight, Tensor) and weight.dtype != torch.float32:  # a model converted with .to(bf16)
-                bias = head.bias.float() if head.bias is not None else None
-                return F.linear(h.float(), weight.float(), bias)
-            return head(h.float())
-    return head(h)
+        if isinstance(weight, Tensor) and weight.dtype != torch.float32:
+            bias = getattr(head, "bias", None)
+            return F.linear(h.float(), weight.float(), None if bias is None else bias.float())
+        return head(h.float())
 
 
 def fused_attention(q: Tensor, k: Tensor, v: Tensor, **kwargs: Any) -> Tensor:
     """``F.scaled_dot_product_attention``, in fp32 when bf16 inputs are on the CPU.
 
-    PyTorch's CPU attention kernels are slower in bf16 than in fp32 (the backward about 4x
-    at chapter 7's sizes), and attention is a small share of the matrix work, so under
-    CPU autocast the attention itself runs in fp32 and only the projections in bf16.
+    PyTorch's CPU attention kernels are slower in bf16 than in fp32, and attention is a small
+    share of the matrix work, so under CPU autocast the attention itself runs in fp32 and only
+    the projections in bf16.
 
     Shapes: q (B, n_heads, T_q, d_head), k/v (B, n_heads, T_k, d_head) -> (B, n_heads, T_q, d_head).
     """

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from .models import EncoderOnlyTransformer
+from .models import EncoderOnlyConfig, EncoderOnlyTransformer
 
 if TYPE_CHECKING:
     from transformers import BertTokenizerFast
@@ -78,7 +78,7 @@ def load_minilm(device: torch.device | str = "cpu") -> tuple[EncoderOnlyTransfor
 
     path = minilm_dir()
     cfg = json.loads((path / "config.json").read_text())
-    model = EncoderOnlyTransformer(
+    config = EncoderOnlyConfig(
         vocab_size=cfg["vocab_size"],
         max_len=cfg["max_position_embeddings"],
         d_model=cfg["hidden_size"],
@@ -87,8 +87,9 @@ def load_minilm(device: torch.device | str = "cpu") -> tuple[EncoderOnlyTransfor
         d_ff=cfg["intermediate_size"],
         type_vocab_size=cfg["type_vocab_size"],
         activation=cfg["hidden_act"],
-        eps=cfg["layer_norm_eps"],
+        norm_eps=cfg["layer_norm_eps"],
     )
+    model = EncoderOnlyTransformer(config)
     state = load_file(str(path / "model.safetensors"))
     model.load_state_dict(_bert_to_ours(state, cfg["num_hidden_layers"]), strict=True)
     tokenizer = BertTokenizerFast.from_pretrained(str(path), local_files_only=True)

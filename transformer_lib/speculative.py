@@ -40,16 +40,6 @@ class SpeculativeStats:
     accepted: int = 0
     generated: int = 0
 
-    @property
-    def acceptance_rate(self) -> float:
-        """accepted / proposed (0.0 when nothing was proposed)."""
-        return self.accepted / self.proposed if self.proposed else 0.0
-
-    @property
-    def tokens_per_target_pass(self) -> float:
-        """New tokens per target forward pass: 1 for plain greedy decoding, at most k + 1 here."""
-        return self.generated / self.target_passes if self.target_passes else 0.0
-
 
 def truncate_caches(caches: list[KVCache], length: int) -> None:
     """Roll every self-attention cache back to its first ``length`` positions, in place.
@@ -134,8 +124,8 @@ def speculative_generate(
 
     "Equals" is exact arithmetic's promise: one pass over ``k + 1`` new tokens rounds differently
     from ``k + 1`` one-token passes (as ``generate`` with and without its cache do), so two logits
-    tied to ~1e-6 could pick differently; the tests find the tokens identical.
-    ``stats.target_passes + stats.accepted == stats.generated`` always holds.
+    tied to ~1e-6 could pick differently. ``stats.target_passes + stats.accepted == stats.generated``
+    always holds.
 
     Shapes: idx (1, T0) -> (1, T0 + max_new_tokens).
 
