@@ -1,12 +1,10 @@
 """Independent runs side by side on a CPU's cores: the chapters' seeds and ablations, the book's pictures.
 
-A small model cannot use a CPU's cores: its matrix products are too small to share out. Separate runs
-can, one per core with one PyTorch thread each. On Linux each run works in a forked copy of this process
-(``concurrent.futures.ProcessPoolExecutor`` with the ``fork`` context): threads of one process would
-share Python's lock, which a small model's step takes at every operator. Elsewhere (macOS, Windows,
-where forking is unsafe or impossible) the runs take threads. A forked worker dies with this process
-(``PR_SET_PDEATHSIG``), and what it prints goes nowhere (this process's streams may be a Jupyter
-kernel's, which a forked copy must not use).
+A small model cannot use a CPU's cores (its products are too small to share out); separate runs can, one
+per core with one PyTorch thread each. On Linux each run works in a forked copy of this process
+(``ProcessPoolExecutor`` with the ``fork`` context: threads would share Python's lock, which a small
+model's step takes at every operator); elsewhere in threads. A forked worker dies with this process and
+prints nowhere (this process's streams may be a Jupyter kernel's, which a fork must not use).
 """
 
 from __future__ import annotations
@@ -28,6 +26,7 @@ from torch import nn
 
 from ..attention import MultiHeadAttention
 from ..training import History, Trainer, progress_bar
+from ..utils import eval_mode
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")
@@ -110,18 +109,14 @@ def fit_together(
     per core), side by side on a CPU's cores; returns the histories, in the trainers' order.
 
     Each trainer ends holding its run's weights, optimizer state, step, data generator and history, exactly
-    as ``fit`` one after the other with one PyTorch thread leaves it (each run draws only from its own
-    generator). ``callback(trainer)`` sees each of a run's evaluations in order, with the weights, step and
-    history of that moment, in eval mode without gradients: here, once the run has ended, from snapshots
-    taken at each evaluation (so a callback observes; what it changes does not reach the run). What the
-    batch or loss functions change outside the trainer, and what they print, stays in a forked run's process.
-
-    The runs train one after the other instead, as ``fit``, where running them side by side would change
-    their results or gain nothing: a model with active dropout (its masks come from PyTorch's one global
-    generator), a trainer off the CPU, compiled, or under ``torchrun``, or one worker. ``progress`` shows one
-    bar that counts the runs as they end. If runs fail, the first failing trainer's error (in the trainers'
-    order) is raised once every run has ended; its trainer holds the state it failed in. An interrupt kills
-    the runs still training: their trainers stay as they were.
+    as ``fit`` one after the other with one PyTorch thread leaves it. ``callback(trainer)`` sees each of a
+    run's evaluations in order (its weights, step and history then; eval mode, no gradients), replayed here
+    from snapshots once the run has ended: a callback observes, it does not steer. What the batch or loss
+    functions change outside the trainer, or print, stays in a forked run's process. Runs train one after
+    the other instead where side by side would change their results or gain nothing: active dropout (its
+    masks come from PyTorch's one global generator), a trainer off the CPU, compiled or under ``torchrun``,
+    one worker. ``progress`` shows one bar counting the runs as they end. The first failing trainer's error
+    (in the trainers' order) is raised once every run has ended; an interrupt kills the runs still training.
 
     Defined in chapter 4, Positional encoding.
     """
@@ -139,11 +134,16 @@ def fit_together(
     try:
         if side_by_side:
             torch.set_num_threads(1)  # the runs, not the products, share the cores
-            for i, (data, error) in _side_by_side(lambda i: _fit_run(trainers[i], callback), len(trainers), workers):
-                _take_result(trainers[i], data, callback, error, errors, i, bar)
+            ends = _side_by_side(lambda i: _fit_run(trainers[i], callback), len(trainers), workers)
         else:
-            for i, t in enumerate(trainers):
-                _take_result(t, None, callback, _fit_error(t, callback), errors, i, bar)
+            ends = ((i, (None, _fit_error(t, callback))) for i, t in enumerate(trainers))
+        for i, (data, error) in ends:
+            if data is not None:
+                _replay(trainers[i], data, callback)
+            if error is not None:
+                errors[i] = error
+            if bar is not None:
+                bar.update(1)
     finally:
         torch.set_num_threads(threads)
         if bar is not None:
@@ -181,32 +181,16 @@ def _fit_run(trainer: Trainer, callback: Callable[[Trainer], None] | None) -> tu
     return buffer.getvalue(), error
 
 
-def _take_result(
-    trainer: Trainer,
-    data: bytes | None,
-    callback: Callable[[Trainer], None] | None,
-    error: BaseException | None,
-    errors: dict[int, BaseException],
-    index: int,
-    bar: Any,
-) -> None:
-    """Take a run's end: replay ``callback`` on its snapshots in order (weights, step and history at each
-    evaluation, in eval mode without gradients), give ``trainer`` its final state, note its error."""
-    if data is not None:
-        state, snapshots = torch.load(io.BytesIO(data), weights_only=False)  # from this process's own worker
-        was_training = trainer.model.training
-        trainer.model.eval()
-        with torch.no_grad():
-            for step, weights, history in snapshots if callback is not None else []:
-                trainer.model.load_state_dict(weights)
-                trainer.step, trainer.history = step, history
-                callback(trainer)
-        trainer.model.train(was_training)
-        trainer.load_state_dict(state, allow_config_change=True)
-    if error is not None:
-        errors[index] = error
-    if bar is not None:
-        bar.update(1)
+def _replay(trainer: Trainer, data: bytes, callback: Callable[[Trainer], None] | None) -> None:
+    """Take a run's end from its process: ``callback`` on its snapshots in order (weights, step and history
+    at each evaluation, in eval mode without gradients), then the run's final state into ``trainer``."""
+    state, snapshots = torch.load(io.BytesIO(data), weights_only=False)  # from this process's own worker
+    with eval_mode(trainer.model), torch.no_grad():
+        for step, weights, history in snapshots if callback is not None else []:
+            trainer.model.load_state_dict(weights)
+            trainer.step, trainer.history = step, history
+            callback(trainer)
+    trainer.load_state_dict(state, allow_config_change=True)
 
 
 def _check_runs(trainers: list[Trainer], progress: object) -> None:
