@@ -1,11 +1,6 @@
-"""Trainer checkpoints on disk: ``torch.save`` of :meth:`~transformer_lib.training.Trainer.state_dict`.
-
-:func:`save` writes a temporary file beside the target, flushes it to disk and renames it over the target
-(``os.replace``), so an interrupted save, a full disk or two processes saving at once leave one whole
-checkpoint. :func:`load` reads it with ``weights_only=True`` after checking, without inflating anything,
-that it is a zip archive of stored (uncompressed) entries whose checksums (CRC-32) are right: a truncated
-or flipped file is a clear :class:`CheckpointError`, and a crafted file cannot make it inflate gigabytes.
-:func:`check_state` checks a loaded state against a trainer before the trainer changes anything.
+"""Trainer checkpoints on disk: ``torch.save`` of :meth:`~transformer_lib.training.Trainer.state_dict`,
+written atomically, read with ``weights_only=True`` once its zip entries are known to be stored (nothing to
+inflate) and whole (CRC-32), and checked against the trainer (:func:`check_state`) before it changes anything.
 """
 
 from __future__ import annotations
@@ -27,8 +22,8 @@ class CheckpointError(ValueError):
 
 
 def save(state: dict[str, Any], path: str | os.PathLike) -> Path:
-    """Write ``state`` to ``path`` with ``torch.save``, atomically; return the path. An ``OSError`` while
-    writing (a full disk) leaves the file that was there as it was, and no temporary file."""
+    """Write ``state`` to ``path`` with ``torch.save`` into a temporary file beside it, renamed over it: an
+    interrupted save, a full disk (``OSError``) or two processes saving at once leave one whole file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f"{path.name}.", suffix=".tmp", delete=False) as f:
@@ -85,28 +80,28 @@ def check_state(
     ``model`` (whose dataclass config is ``model_config``), ``train_config`` and ``world_size`` processes.
     A different training config is refused unless ``allow_config_change``."""
     if not all(name in state for name in STATE_FIELDS):
-        raise CheckpointError(f"is not a trainer state (Trainer.state_dict): it has {sorted(map(str, state))}")
+        raise CheckpointError(f"it is not a trainer state (Trainer.state_dict): it has {sorted(map(str, state))}")
     if state["model_config"] != model_config:
-        raise CheckpointError(f"is for another model config: {state['model_config']}, not {model_config}")
+        raise CheckpointError(f"it is for another model config: {state['model_config']}, not {model_config}")
     mine = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     theirs = {name: tuple(t.shape) for name, t in state["model"].items() if isinstance(t, Tensor)}
     if mine != theirs:
         differ = sorted(set(mine.items()) ^ set(theirs.items()))[:5]
-        raise CheckpointError(f"does not fit the model (weights that differ in name or shape: {differ})")
+        raise CheckpointError(f"it does not fit the model (weights that differ in name or shape: {differ})")
     for moments in state["optimizer"].get("state", {}).values():
         for name in ("exp_avg", "exp_avg_sq"):
             if name in moments and tuple(moments[name].shape) not in set(mine.values()):
-                raise CheckpointError(f"has an optimizer {name} of shape {tuple(moments[name].shape)} no weight has")
-    refuse_nonfinite(state, [name for name, _ in model.named_parameters()], "the checkpoint")
+                raise CheckpointError(f"it has an optimizer {name} of shape {tuple(moments[name].shape)} no weight has")
+    refuse_nonfinite(state, [name for name, _ in model.named_parameters()], "it")
     if len(state["generators"]) != world_size:
-        raise CheckpointError(f"was written by {len(state['generators'])} process(es); this run has {world_size}")
+        raise CheckpointError(f"it was written by {len(state['generators'])} process(es); this run has {world_size}")
     diff = [k for k, v in train_config.items() if state["train_config"].get(k, v) != v]
     if diff and not allow_config_change:
         changes = "; ".join(
             f"{k}: {state['train_config'][k]!r} in the checkpoint, {train_config[k]!r} here" for k in diff
         )
         raise CheckpointError(
-            f"was written under another TrainConfig ({changes}). To resume under this trainer's config anyway "
+            f"it was written under another TrainConfig ({changes}). To resume under this trainer's config anyway "
             f"(e.g. to train longer with a larger max_steps), call load(path, allow_config_change=True)"
         )
 

@@ -434,8 +434,9 @@ class Trainer:
     def load(self, path: str | os.PathLike, allow_config_change: bool = False) -> None:
         """:meth:`load_state_dict` of the file :meth:`save` wrote; a problem raises :class:`CheckpointError`
         naming the file, and leaves the trainer as it was."""
+        state = checkpoint.load(path)  # its errors name the file
         try:
-            self.load_state_dict(checkpoint.load(path), allow_config_change)
+            self.load_state_dict(state, allow_config_change)
         except CheckpointError as e:
             raise CheckpointError(f"checkpoint {path}: {e}") from None
 
