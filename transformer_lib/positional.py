@@ -10,7 +10,6 @@ queries and keys inside attention, so scores depend only on the offset m - n;
 from __future__ import annotations
 
 import math
-import numbers
 
 import torch
 from torch import Tensor, nn
@@ -25,20 +24,22 @@ def sinusoidal_encoding(max_len: int, d_model: int, base: float = 10000.0) -> Te
 
     Defined in chapter 4, Positional encoding.
     """
-    for name, n in (("max_len", max_len), ("d_model", d_model)):
-        if isinstance(n, bool) or not isinstance(n, numbers.Integral):
-            raise TypeError(f"{name} must be an int, got {n!r} ({type(n).__name__})")
-    if max_len < 1 or d_model < 1:
-        raise ValueError(f"max_len and d_model must be positive, got max_len={max_len}, d_model={d_model}")
+    max_len, d_model = _validate_int("max_len", max_len), _validate_int("d_model", d_model)
     # base <= 0 has no real powers, base = 1 gives every pair the same frequency, base < 1 reverses them
-    base = _validate_real("base", base, "a finite number > 1", lambda b: b > 1)
-    pos = torch.arange(max_len, dtype=torch.float64)[:, None]  # (max_len, 1)
-    inv_freq = base ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)  # (ceil(d/2),)
-    angles = pos * inv_freq  # (max_len, ceil(d/2))
+    angles = _angles(max_len, d_model, _validate_real("base", base, "a finite number > 1", lambda b: b > 1))
     pe = torch.empty(max_len, d_model, dtype=torch.float64)
     pe[:, 0::2] = torch.sin(angles)
     pe[:, 1::2] = torch.cos(angles[:, : d_model // 2])
     return pe.float()
+
+
+def _angles(max_len: int, d: int, base: float) -> Tensor:
+    """``pos * base^(-2i/d)`` for every position and pair of dimensions, in float64.
+
+    Shapes: returns (max_len, ceil(d / 2)).
+    """
+    inv_freq = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)  # (ceil(d/2),)
+    return torch.arange(max_len, dtype=torch.float64)[:, None] * inv_freq
 
 
 def _position_ids(T: int, offset: int, positions: Tensor | None, max_len: int, owner: str) -> Tensor | slice:
@@ -131,10 +132,8 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 def _rotate_as_complex_here(x: Tensor, cos: Tensor) -> bool:
-    """Whether :func:`_rotate_as_complex` may stand in for the written-out rotation: on a CPU, in eager
-    mode (compilers and exporters get the real arithmetic they support), in float32. (In bf16 the
-    written-out backward rounds each product's gradient to bf16 before adding them, the complex one
-    after: a 1-ulp difference that would change what a bf16 run trains.)"""
+    """Whether :func:`_rotate_as_complex` may stand in for the written-out rotation: float32 on a CPU,
+    in eager mode (compilers and exporters get real arithmetic; bf16 keeps the written-out roundings)."""
     return (
         x.device.type == "cpu"
         and x.dtype == cos.dtype == torch.float32
@@ -146,9 +145,7 @@ def _rotate_as_complex_here(x: Tensor, cos: Tensor) -> bool:
 
 def _rotate_as_complex(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """:func:`apply_rotary` as one complex product per pair, ``(x[2i] + i x[2i+1]) * (cos + i sin)``: the
-    same products and sums, in one kernel on contiguous pairs instead of four on strided halves: a
-    third of the time forward and backward on a CPU (0.24 against 0.73 ms on chapter 7's (16, 4, 64, 16)
-    queries, one AVX2 core), with the same outputs (tested).
+    same outputs (tested), in one kernel on contiguous pairs instead of four on strided halves.
 
     Shapes: x (..., T, d_head), cos/sin broadcastable to (..., T, d_head / 2) -> (..., T, d_head).
     """
@@ -176,8 +173,7 @@ class RotaryEmbedding(nn.Module):
         if d_head % 2:
             raise ValueError(f"RoPE rotates pairs of dimensions, so d_head must be even, got {d_head}")
         self.d_head, self.max_len = d_head, max_len
-        inv_freq = base ** (-torch.arange(0, d_head, 2, dtype=torch.float64) / d_head)  # (d_head/2,)
-        angles = torch.arange(max_len, dtype=torch.float64)[:, None] * inv_freq  # (max_len, d_head/2)
+        angles = _angles(max_len, d_head, base)  # (max_len, d_head/2)
         self.register_buffer("cos", angles.cos().float(), persistent=False)
         self.register_buffer("sin", angles.sin().float(), persistent=False)
 
@@ -226,12 +222,7 @@ def alibi_bias(slopes: Tensor, T_q: int, T_k: int, offset: int = 0) -> Tensor:
 
     Defined in chapter 4, Positional encoding.
     """
-    if not isinstance(slopes, Tensor):
-        raise TypeError(f"slopes must be a torch.Tensor, got {type(slopes).__name__}")
-    if slopes.dim() != 1 or not slopes.is_floating_point():
-        raise ValueError(
-            f"slopes must be a 1-D float tensor (one slope per head), got {slopes.dtype} {tuple(slopes.shape)}"
-        )
+    _validate_tensor("slopes", slopes, ndim=1, floating=True)
     T_q, T_k = _validate_int("T_q", T_q), _validate_int("T_k", T_k)
     offset = _validate_int("offset", offset, minimum=0)
     i = torch.arange(offset, offset + T_q, device=slopes.device)[:, None]  # (T_q, 1) query positions
