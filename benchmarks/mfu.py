@@ -13,34 +13,25 @@ A step's FLOPs are nanoGPT's estimate (PaLM's appendix B): ``6 N + 12 L d_model 
 MFU is the rate they are done at over the GPU's *published* dense bf16 peak (a table below, by
 device name, or ``--peak-tflops``); the rate this GPU reaches on one large bf16 product is printed
 beside it. fp32 products run as TF32 (``torch.set_float32_matmul_precision("high")``, as nanoGPT's
-``train.py`` sets). Under bf16 autocast on CUDA the library's output head multiplies bf16 operands
-and writes fp32 logits (:func:`transformer_lib.precision.output_in_fp32`); nanoGPT's head writes
-bf16 logits. ``--bf16-head`` adds a row for the library with bf16 logits like nanoGPT's, and
-``--fp32-head`` (CUDA, bf16) one with the head's product wholly in fp32 (the library's head before
-2026-11-27, and on a CPU), to show what each choice costs. ``--profile`` prints each
-engine's longest GPU kernels (the CPU's operators on a CPU), per step. The last line reads
+``train.py`` sets). The library's output head multiplies in fp32 and writes fp32 logits
+(:func:`transformer_lib.precision.output_in_fp32`); nanoGPT's head writes bf16 logits. ``--profile``
+prints each engine's longest GPU kernels (the CPU's operators on a CPU), per step. The last line reads
 
     mfu ours=<share> reference=<share>          (none where the peak is unknown)
 
-    python benchmarks/mfu.py                    # on a GPU: about a minute (H100), mostly compilation
-    python benchmarks/mfu.py --bf16-head        # and the diagnostic row (75 s on an H100 in all)
-    python benchmarks/mfu.py --bf16-head --fp32-head --profile   # every diagnostic
+    python benchmarks/mfu.py                    # on a GPU: mostly compilation
+    python benchmarks/mfu.py --profile          # and each engine's longest kernels
     python benchmarks/mfu.py --device cpu --n-layer 2 --n-head 2 --d-model 64 --block-size 32 --vocab-size 128 \\
         --batch-size 2 --iters 8 --warmup-steps 3 --eager --peak-tflops 1   # the script's own check
 """
 
 from __future__ import annotations
 
-import statistics
-import time
-from collections.abc import Callable
-from unittest import mock
-
 import torch
 from torch import Tensor
 
 from recipe import char_data, recipe_config, recipe_gpt, recipe_parser  # benchmarks/recipe.py, beside this script
-from transformer_lib import count_parameters, get_device, precision, set_seed
+from transformer_lib import count_parameters, get_device, set_seed
 from transformer_lib.notebook.benchmark import matmul_flops_per_second, op_times
 from transformer_lib.notebook.race import train_side_by_side
 from transformer_lib.notebook.reference_gpt import ReferenceGPT, reference_train_step
@@ -73,29 +64,6 @@ def step_flops(n_params: int, n_layers: int, d_model: int, block_size: int, toke
     return (6 * n_params + 12 * n_layers * d_model * block_size) * tokens
 
 
-def median_step(
-    step: Callable[[tuple[Tensor, Tensor]], object],
-    batches: Callable[[], tuple[Tensor, Tensor]],
-    device: torch.device,
-    steps: int,
-    warmup: int,
-) -> float:
-    """Median seconds of ``step(batch)`` over ``steps`` calls after ``warmup`` untimed ones, each on a new
-    ``batches()`` drawn before its timing starts (as :func:`train_side_by_side` draws them), the device
-    drained each time."""
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    times = []
-    for i in range(warmup + steps):
-        batch = batches()
-        sync()
-        t0 = time.perf_counter()
-        step(batch)
-        sync()
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def main() -> None:
     p = recipe_parser(__doc__.splitlines()[0])
     p.set_defaults(n_layer=12, n_head=12, d_model=768, block_size=1024, batch_size=12, iters=40, warmup=10)
@@ -103,8 +71,6 @@ def main() -> None:
     p.add_argument("--warmup-steps", type=int, default=10, help="untimed steps first (compilation included)")
     p.add_argument("--eager", action="store_true", help="neither model compiled")
     p.add_argument("--peak-tflops", type=float, default=None, help="the device's bf16 peak, if the table lacks it")
-    p.add_argument("--bf16-head", action="store_true", help="also time the library with its head under autocast")
-    p.add_argument("--fp32-head", action="store_true", help="also time it with the head's product wholly in fp32")
     p.add_argument("--profile", action="store_true", help="print each engine's longest kernels per step")
     args = p.parse_args()
     device = get_device(args.device)
@@ -153,34 +119,13 @@ def main() -> None:
         ("reference", result.reference_step, result.reference_val_loss),
         ("ours", result.ours_step, result.ours_val_loss),
     ]
-    # Each diagnostic row: the library with one name patched while its model is built, compiled and timed.
-    variants: dict[str, tuple[str, object]] = {}
-    if args.bf16_head:
-        variants["ours, bf16 head"] = ("transformer_lib.models.output_in_fp32", lambda head, h: head(h))
-    if args.fp32_head:
-        if device.type == "cuda" and trainer.amp_dtype == torch.bfloat16 and precision._MM_FP32_OUT_ON_CUDA:
-            variants["ours, fp32 head"] = ("transformer_lib.precision._MM_FP32_OUT_ON_CUDA", False)
-        else:
-            print("--fp32-head: needs bf16 autocast on CUDA (elsewhere the head is fp32 already); no row")
-    for who, (target, value) in variants.items():
-        set_seed(args.seed)
-        model = recipe_gpt(args, args.vocab_size)
-        with mock.patch(target, value):
-            variant = Trainer(model, recipe_config(args), unused, device=device, compile=compile_)
-            try:
-                step = median_step(variant.train_step, batch, device, args.iters - args.warmup_steps, args.warmup_steps)
-            except (RuntimeError, NotImplementedError) as e:  # a diagnostic row: say why, keep the others
-                print(f"{who}: failed: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
-                continue
-        rows.append((who, step, float("nan")))
     mfu = {}
     for who, seconds, loss in rows:
         rate = flops / seconds
         mfu[who] = rate / peak if peak else None
         print(
-            f"{who:>19}: {seconds * 1000:.1f} ms/step, {result.tokens_per_step / seconds:,.0f} tokens/s, "
-            f"{rate / 1e12:.4g} TFLOP/s, MFU {f'{mfu[who]:.1%}' if peak else 'none'}"
-            + (f", val_loss {loss:.4f}" if loss == loss else "")
+            f"{who:>9}: {seconds * 1000:.1f} ms/step, {result.tokens_per_step / seconds:,.0f} tokens/s, "
+            f"{rate / 1e12:.4g} TFLOP/s, MFU {f'{mfu[who]:.1%}' if peak else 'none'}, val_loss {loss:.4f}"
         )
     print(
         f"first step (compilation): ours {result.ours_first_step:.1f} s, "
