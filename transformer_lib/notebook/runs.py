@@ -50,13 +50,29 @@ def _start_worker(parent: int) -> None:
 
 def _run_job(index: int) -> Any:
     assert _JOB is not None  # set before the pool forked this worker
-    return _JOB(index)
+    try:
+        return _JOB(index)
+    except Exception as e:  # from a forked worker, an error that does not pickle comes back as its text
+        if multiprocessing.parent_process() is not None and not _pickles(e):
+            raise RuntimeError(f"{type(e).__name__}: {e} (in a forked process; the error does not pickle)") from None
+        raise
 
 
-def _side_by_side(job: Callable[[int], Any], n: int, workers: int) -> Iterator[tuple[int, Any]]:
+def _pickles(value: object) -> bool:
+    try:
+        pickle.dumps(value)
+        return True
+    except Exception:
+        return False
+
+
+def _side_by_side(
+    job: Callable[[int], Any], n: int, workers: int, meanwhile: Callable[[], None] | None = None
+) -> Iterator[tuple[int, Any]]:
     """``(i, job(i))`` for ``i`` in ``range(n)``, as they end, ``workers`` at a time in forked processes
-    (threads where :func:`can_fork` is False). ``job`` need not pickle: forked workers inherit it. An
-    error or an interrupt here cancels what has not started and kills the forked workers."""
+    (threads where :func:`can_fork` is False), while ``meanwhile()`` runs here. ``job`` need not pickle:
+    forked workers inherit it. An error or an interrupt here cancels what has not started and kills (and
+    reaps) the forked workers."""
     global _JOB
     _JOB = job
     fork = multiprocessing.get_context("fork")
@@ -67,12 +83,15 @@ def _side_by_side(job: Callable[[int], Any], n: int, workers: int) -> Iterator[t
         pool = ThreadPoolExecutor(workers, thread_name_prefix="runs")
     try:
         futures = {pool.submit(_run_job, i): i for i in range(n)}
+        if meanwhile is not None:
+            meanwhile()
         for future in as_completed(futures):
             yield futures[future], future.result()
     except BaseException:
         pool.shutdown(wait=False, cancel_futures=True)
         for process in set(multiprocessing.active_children()) - before:  # the workers this call forked
             process.kill()
+            process.join()
         raise
     finally:
         _JOB = None
@@ -90,11 +109,24 @@ def map_in_processes(fn: Callable[[Item], Result], items: Sequence[Item], worker
     items = list(items)
     workers = max(1, min(workers, len(items)))
     here = len(items) - len(items) // workers  # the first index computed here
+    ours: list[Result] = []
+    errors: list[Exception] = []
+
+    def compute_here() -> None:  # while the workers compute theirs
+        try:
+            ours.extend(fn(item) for item in items[here:])
+        except Exception as e:  # raised after the workers' results: an earlier item's error comes first
+            errors.append(e)
+
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        there = dict(_side_by_side(lambda i: fn(items[i]), here, workers - 1)) if here else {}
-        return [there[i] for i in range(here)] + [fn(item) for item in items[here:]]
+        there = dict(_side_by_side(lambda i: fn(items[i]), here, workers - 1, compute_here)) if here else {}
+        if not here:
+            compute_here()
+        if errors:
+            raise errors[0]
+        return [there[i] for i in range(here)] + ours
     finally:
         torch.set_num_threads(threads)
 
@@ -138,8 +170,8 @@ def fit_together(
         else:
             ends = ((i, (None, _fit_error(t, callback))) for i, t in enumerate(trainers))
         for i, (data, error) in ends:
-            if data is not None:
-                _replay(trainers[i], data, callback)
+            if data is not None:  # a callback's error stops its run at that evaluation, before any later error
+                error = _replay(trainers[i], data, callback) or error
             if error is not None:
                 errors[i] = error
             if bar is not None:
@@ -163,13 +195,12 @@ def _fit_error(trainer: Trainer, callback: Callable[[Trainer], None] | None) -> 
 
 
 def _fit_run(trainer: Trainer, callback: Callable[[Trainer], None] | None) -> tuple[bytes, BaseException | None]:
-    """A run side by side: train, then return its final state and its weights, step and history at each
-    evaluation (``torch.save``'d), and its error (a ``RuntimeError`` with the message if it does not pickle)."""
-    snapshots: list[tuple[int, dict, History]] = []
+    """A run side by side: train, then return its final state and its state at each evaluation
+    (``torch.save``'d), and its error (a ``RuntimeError`` with the message if it does not pickle)."""
+    snapshots: list[dict[str, Any]] = []
 
     def snapshot(t: Trainer) -> None:
-        weights = {name: w.clone() for name, w in t.model.state_dict().items()}
-        snapshots.append((t.step, weights, copy.deepcopy(t.history)))
+        snapshots.append(copy.deepcopy(t.state_dict()))
 
     error = _fit_error(trainer, snapshot if callback is not None else None)
     try:
@@ -181,16 +212,24 @@ def _fit_run(trainer: Trainer, callback: Callable[[Trainer], None] | None) -> tu
     return buffer.getvalue(), error
 
 
-def _replay(trainer: Trainer, data: bytes, callback: Callable[[Trainer], None] | None) -> None:
+def _replay(trainer: Trainer, data: bytes, callback: Callable[[Trainer], None] | None) -> Exception | None:
     """Take a run's end from its process: ``callback`` on its snapshots in order (weights, step and history
-    at each evaluation, in eval mode without gradients), then the run's final state into ``trainer``."""
-    state, snapshots = torch.load(io.BytesIO(data), weights_only=False)  # from this process's own worker
-    with eval_mode(trainer.model), torch.no_grad():
-        for step, weights, history in snapshots if callback is not None else []:
-            trainer.model.load_state_dict(weights)
-            trainer.step, trainer.history = step, history
-            callback(trainer)
-    trainer.load_state_dict(state, allow_config_change=True)
+    at each evaluation, in eval mode without gradients), then the run's final state into ``trainer``. A
+    callback's error is returned, ``trainer`` holding the run's whole state at that evaluation, as in fit."""
+    final, snapshots = torch.load(io.BytesIO(data), weights_only=False)  # from this process's own worker
+    state = final
+    try:
+        with eval_mode(trainer.model), torch.no_grad():
+            for state in snapshots if callback is not None else []:
+                trainer.model.load_state_dict(state["model"])
+                trainer.step, trainer.history = state["step"], History(**state["history"])
+                callback(trainer)
+        state = final
+    except Exception as e:
+        return e
+    finally:
+        trainer.load_state_dict(state, allow_config_change=True)
+    return None
 
 
 def _check_runs(trainers: list[Trainer], progress: object) -> None:
