@@ -88,8 +88,8 @@ format: setup  ## apply ruff's fixes and formatting
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-# bubblewrap, for `python -m transformer_lib.grade --sandbox` and its test (Debian package; Linux only).
-sandbox:  ## bubblewrap, for the grader's --sandbox (apt-get, Debian)
+# bubblewrap, the grader's sandbox (`transformer-grade` and its tests; Debian package; Linux only).
+sandbox:  ## bubblewrap, the grader's sandbox (apt-get, Debian)
 	command -v bwrap >/dev/null || (apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null)
 
 test: setup browser sandbox  ## the whole test suite
@@ -127,18 +127,17 @@ student: setup  ## student copies of the chapters in _build/student
 colab: setup  ## the committed Colab notebooks in colab/ and the grader's catalogue
 	$(BIN)/python scripts/make_colab.py
 
-# Grade a class: `make grade SUBMISSIONS="alice/01_attention.ipynb bob/01_attention.ipynb" [CSV=grades.csv] [JOBS=2]
-# [SANDBOX=1]` (SANDBOX=1: each kernel under bubblewrap, `make sandbox` installs it). make's own command line
-# shows SUBMISSIONS to the submissions; `python -m transformer_lib.grade` hides its arguments.
-grade: setup  ## grade a class: make grade SUBMISSIONS="a.ipynb b.ipynb" [CSV=grades.csv] [JOBS=2] [SANDBOX=1]
-	$(BIN)/python -m transformer_lib.grade $(SUBMISSIONS) $(if $(CSV),--csv $(CSV),) $(if $(JOBS),-j $(JOBS),) \
-		$(if $(SANDBOX),--sandbox,)
+# Grade a class: `make grade SUBMISSIONS="secA/alice/01_attention.ipynb ..." [CSV=grades.csv] [JOBS=2]`, each
+# kernel under bubblewrap (`make sandbox` installs it; NO_SANDBOX=1 runs without it: see transformer-grade --help).
+grade: setup sandbox  ## grade a class: make grade SUBMISSIONS="a.ipynb b.ipynb" [CSV=grades.csv] [JOBS=2]
+	$(BIN)/transformer-grade $(SUBMISSIONS) $(if $(CSV),--csv $(CSV),) $(if $(JOBS),-j $(JOBS),) \
+		$(if $(NO_SANDBOX),--no-sandbox,)
 
 # The exercises as an nbgrader course in _build/nbgrader (COURSE=...): nbgrader_config.py and
 # source/<chapter>/<chapter>.ipynb, for `nbgrader generate_assignment`, release, collect and autograde.
 COURSE ?= _build/nbgrader
-nbgrader: setup  ## the exercises as an nbgrader course in _build/nbgrader (scripts/make_nbgrader.py)
-	$(BIN)/python scripts/make_nbgrader.py $(COURSE)
+nbgrader: setup  ## the exercises as an nbgrader course in _build/nbgrader (FORCE=1 overwrites its config)
+	$(BIN)/python scripts/make_nbgrader.py $(COURSE) $(if $(FORCE),--force,)
 
 # The newest versions: a fresh $(LATEST_VENV) installed without the lock, its lock written next to it,
 # LOCK_CHECKS run in it (the fast tests, which check that candidate lock through BOOK_LOCK, and the book

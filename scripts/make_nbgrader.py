@@ -18,7 +18,8 @@ The teacher then works as with any nbgrader course: ``cd COURSE; nbgrader genera
 release, collect, ``nbgrader autograde 01_attention``. The kernels need the book's library
 (``pip install transformer_lib``) where nbgrader runs.
 
-Usage: python scripts/make_nbgrader.py [COURSE_DIR] [--chapters 1 3 ...]   (default: _build/nbgrader)
+Usage: python scripts/make_nbgrader.py [COURSE_DIR] [--chapters 1 3 ...] [--force]   (default: _build/nbgrader;
+an existing course's nbgrader_config.py is kept unless --force)
 """
 
 from __future__ import annotations
@@ -133,10 +134,13 @@ def course_notebook(path: Path, converter: Converter, requirement: str) -> nbfor
     return out
 
 
-def write_course(course: Path, numbers: list[int] | None = None, root: Path = ROOT) -> list[Path]:
-    """Write the course into ``course``: the config and one assignment per chapter (``numbers``: all)."""
-    converter, requirement = Converter(root), colab_install(root)
+def write_course(course: Path, numbers: list[int] | None = None, root: Path = ROOT, force: bool = False) -> list[Path]:
+    """Write the course into ``course``: the config and one assignment per chapter (``numbers``: all).
+    Raises FileExistsError, writing nothing, when ``course`` already has a ``nbgrader_config.py`` and not ``force``."""
     written = [course / "nbgrader_config.py"]
+    if written[0].exists() and not force:
+        raise FileExistsError(f"{written[0]} exists (a course's own settings?): pass --force to overwrite it")
+    converter, requirement = Converter(root), colab_install(root)
     course.mkdir(parents=True, exist_ok=True)
     written[0].write_text(CONFIG, encoding="utf-8")
     for path in chapters(root):
@@ -153,8 +157,13 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("course", nargs="?", type=Path, default=ROOT / "_build" / "nbgrader", help="the course folder")
     parser.add_argument("--chapters", nargs="+", type=int, help="only these chapters (numbers)")
+    parser.add_argument("--force", action="store_true", help="overwrite an existing nbgrader_config.py and sources")
     args = parser.parse_args(argv)
-    for path in write_course(args.course, args.chapters):
+    try:
+        written = write_course(args.course, args.chapters, force=args.force)
+    except FileExistsError as e:
+        parser.error(str(e))
+    for path in written:
         print(path)
     return 0
 

@@ -300,6 +300,13 @@ class KernelCommand(KernelSpecManager):  # type: ignore[misc]
         return KernelSpec(argv=self.argv, display_name="grade", language="python")
 
 
+class KernelManager(AsyncKernelManager):  # type: ignore[misc]
+    """jupyter_client's manager whose clients use its zmq context (which caps the size of a message)."""
+
+    def client(self, **kw: Any) -> Any:
+        return super().client(context=self.context, **kw)
+
+
 class GradingClient(NotebookClient):  # type: ignore[misc]
     """nbclient's client keeping only errors among outputs and the records of each execute reply; it lets
     the sandbox start once launched, and kills it when zmq dropped a message over the limit."""
@@ -362,7 +369,7 @@ def execute(nb: Any, settings: Settings, stop: Stop | None = None) -> Run:
         context = zmq.asyncio.Context()
         context.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)  # a larger message is dropped unread
         connection = str(run / "kernel" / "c.json")
-        km = AsyncKernelManager(
+        km = KernelManager(
             kernel_spec_manager=KernelCommand(prefix), transport="ipc", connection_file=connection, context=context
         )
         nb.cells.append(nbformat.v4.new_code_cell("# the grader's cell: its reply brings the last records"))
