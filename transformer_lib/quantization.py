@@ -142,9 +142,6 @@ def dynamic_int8(model: nn.Module, skip: str | Iterable[str] = ()) -> nn.Module:
     ``torch.ao.quantization.quantize_dynamic``: the weights are stored in int8 (one scale per tensor),
     each call quantizes its input on the fly and multiplies in int8 (fbgemm/oneDNN kernels).
     ``skip`` and tied weights as in :func:`quantize_weights`; ``model`` itself is not changed.
-    The library's attention projects q, k and v with one fused matmul over ``q_proj.weight``,
-    ``k_proj.weight`` and ``v_proj.weight`` when those are tensors; a dynamically quantized layer has
-    no weight tensor to stack, so attention calls its three quantized projections one by one.
 
     Defined in chapter 9, Inference and deployment.
     """
@@ -160,9 +157,7 @@ def dynamic_int8(model: nn.Module, skip: str | Iterable[str] = ()) -> nn.Module:
             raise TypeError(f"dynamic int8 quantization expects float32 weights, {name}.weight is {weight.dtype}")
     quantized = copy.deepcopy(model)
     with warnings.catch_warnings():
-        # torch 2.13 still ships torch.ao.quantization but announces its removal in favour of the separate
-        # torchao package (a DeprecationWarning on import and on each call), and warns that quantized
-        # tensor dtypes (torch.qint8) are deprecated. The API works here; silence exactly those two messages.
+        # torch.ao.quantization announces its move to torchao, and qint8 its deprecation: silence just those
         warnings.filterwarnings("ignore", message=r"torch\.ao\.quantization is deprecated", category=DeprecationWarning)
         warnings.filterwarnings(
             "ignore", message=r"torch\.quantize_per_tensor, torch\.quantize_per_channel", category=UserWarning
@@ -170,7 +165,7 @@ def dynamic_int8(model: nn.Module, skip: str | Iterable[str] = ()) -> nn.Module:
         from torch.ao.quantization import quantize_dynamic
 
         quantize_dynamic(quantized, set(names), dtype=torch.qint8, inplace=True)
-    return quantized  # MultiHeadAttention calls quantized projections one by one (no weight tensor to fuse)
+    return quantized
 
 
 def state_dict_bytes(model: nn.Module) -> int:
@@ -183,33 +178,20 @@ def state_dict_bytes(model: nn.Module) -> int:
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
-    state = model.state_dict()
-    alive: list[Tensor] = []  # tensors made here stay alive, so a freed address cannot be counted as seen
+    tensors: list[object] = []  # a dynamically quantized Linear's state holds a (weight, bias) tuple
+    for value in model.state_dict().values():
+        tensors += value if isinstance(value, tuple | list) else [value]
     seen: set[tuple[str, int]] = set()
     total = 0
-
-    def add(t: Tensor) -> None:
-        nonlocal total
+    for t in tensors:
+        if not isinstance(t, Tensor):
+            continue
         if t.is_quantized and t.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric):
-            extras = [t.q_per_channel_scales(), t.q_per_channel_zero_points()]
-            alive.extend(extras)
-            for extra in extras:
-                add(extra)
+            total += t.q_per_channel_scales().nbytes + t.q_per_channel_zero_points().nbytes
         storage = t.untyped_storage()  # a quantized tensor's storage holds its int8 data
-        key = (str(t.device), storage.data_ptr())
-        if key not in seen:
-            seen.add(key)
+        if (str(t.device), storage.data_ptr()) not in seen:
+            seen.add((str(t.device), storage.data_ptr()))
             total += storage.nbytes()
-
-    def walk(value: object) -> None:
-        if isinstance(value, Tensor):
-            add(value)
-        elif isinstance(value, tuple | list):
-            for v in value:
-                walk(v)
-
-    for value in state.values():
-        walk(value)
     return total
 
 
