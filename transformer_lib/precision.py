@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ._compat import cpu_has_native_bf16
+
 PRECISION_ENV = "TRANSFORMER_LIB_PRECISION"
 PRECISIONS = {"auto": None, "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -60,11 +62,7 @@ def native_dtype(device: torch.device) -> torch.dtype | None:
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     if device.type == "cpu":
-        native = (
-            getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()
-            or getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
-        )
-        return torch.bfloat16 if native and not onednn_capped_below_bf16() else None
+        return torch.bfloat16 if cpu_has_native_bf16() and not onednn_capped_below_bf16() else None
     return None
 
 
