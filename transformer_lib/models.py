@@ -52,6 +52,11 @@ def _validate_config(c: Any, ints: tuple[str, ...], bools: tuple[str, ...]) -> N
     _validate_real(f"{name}.dropout", c.dropout, "a probability in [0, 1)", lambda p: 0.0 <= p < 1.0)
 
 
+def _layer_kwargs(c: Any, **more: Any) -> dict[str, Any]:
+    """The keyword arguments of a config's layers: the fields every layer takes, and ``more``."""
+    return dict(d_model=c.d_model, n_heads=c.n_heads, d_ff=c.d_ff, dropout=c.dropout, activation=c.activation, **more)
+
+
 def _absolute_positions(kind: str, d_model: int, max_len: int) -> nn.Module | None:
     if kind == "learned":
         return LearnedPositionalEmbedding(d_model, max_len)
@@ -115,21 +120,11 @@ class Seq2SeqTransformer(nn.Module):
         self.config = c = config
         self.src_embed = nn.Embedding(c.src_vocab_size, c.d_model)
         self.tgt_embed = nn.Embedding(c.tgt_vocab_size, c.d_model)
-        self.pos = (
-            LearnedPositionalEmbedding(c.d_model, c.max_len)
-            if c.positional == "learned"
-            else SinusoidalPositionalEncoding(c.d_model, c.max_len)
-        )
+        self.pos = _absolute_positions(c.positional, c.d_model, c.max_len)
         self.dropout = nn.Dropout(c.dropout)
-        layer: dict[str, Any] = dict(
-            d_model=c.d_model, n_heads=c.n_heads, d_ff=c.d_ff, dropout=c.dropout, activation=c.activation
-        )
-        self.encoder_layers = nn.ModuleList(
-            EncoderLayer(**layer, norm_first=c.norm_first) for _ in range(c.n_encoder_layers)
-        )
-        self.decoder_layers = nn.ModuleList(
-            DecoderLayer(**layer, norm_first=c.norm_first) for _ in range(c.n_decoder_layers)
-        )
+        layer = _layer_kwargs(c, norm_first=c.norm_first)
+        self.encoder_layers = nn.ModuleList(EncoderLayer(**layer) for _ in range(c.n_encoder_layers))
+        self.decoder_layers = nn.ModuleList(DecoderLayer(**layer) for _ in range(c.n_decoder_layers))
         # Pre-LN stacks end un-normalized, so they get a final norm (as nn.Transformer does).
         self.encoder_norm = make_norm("layernorm", c.d_model) if c.norm_first else nn.Identity()
         self.decoder_norm = make_norm("layernorm", c.d_model) if c.norm_first else nn.Identity()
@@ -140,7 +135,7 @@ class Seq2SeqTransformer(nn.Module):
 
     def _embed(self, embedding: nn.Embedding, ids: Tensor, offset: int = 0) -> Tensor:
         x = embedding(ids) * math.sqrt(self.config.d_model)  # (B, T, d_model), scaled as in the paper
-        return self.dropout(self.pos(x, offset=offset))
+        return self.dropout(self.pos(x, offset=offset) if self.pos is not None else x)
 
     def src_mask(self, src: Tensor) -> Tensor:
         """Shapes: src (B, S) -> (B, 1, 1, S), True for real (non-pad) tokens."""
@@ -285,16 +280,7 @@ def _gpt_block(c: GPTConfig) -> DecoderOnlyLayer:
     """One causal block as the config describes it, its positional scheme included: RoPE rotates
     q and k, ALiBi biases the scores (neither has parameters); the other schemes act on the embeddings."""
     return DecoderOnlyLayer(
-        d_model=c.d_model,
-        n_heads=c.n_heads,
-        n_kv_heads=c.n_kv_heads,
-        d_ff=_validate_int("GPTConfig.d_ff", c.d_ff),  # int | None as a field, an int after __post_init__
-        dropout=c.dropout,
-        activation=c.activation,
-        norm_first=c.norm_first,
-        norm=c.norm,
-        eps=c.norm_eps,
-        bias=c.bias,
+        **_layer_kwargs(c, n_kv_heads=c.n_kv_heads, norm_first=c.norm_first, norm=c.norm, eps=c.norm_eps, bias=c.bias),
         fused_norms=c.fused_norms,
         rotary=RotaryEmbedding(c.d_head, c.block_size, c.rope_base) if c.positional == "rope" else None,
         alibi=ALiBi(c.n_heads) if c.positional == "alibi" else None,
@@ -354,12 +340,7 @@ class GPT(nn.Module):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
     def _validate(self, idx: Tensor, attention_mask: Tensor | None, past: int = 0) -> tuple[Tensor, Tensor | None]:
-        """Check the token ids and the padding mask once, at the model's boundary.
-
-        Returns the ids as torch.long and the mask as bool. The ids' range is read on the CPU only:
-        on a GPU the check is a device-side assert that costs no host sync (see
-        ``_validate._validate_token_range``).
-        """
+        """Check the token ids and the padding mask once, at the model's boundary; the ids as long, the mask as bool."""
         idx = _validate_token_ids("idx", idx, self.config.vocab_size, self.config.block_size - past)
         if attention_mask is None:
             return idx, None
@@ -407,10 +388,7 @@ class GPT(nn.Module):
 
         The caller promises what :meth:`forward` checks: ``idx`` holds torch.long ids in
         ``[0, vocab_size)``, ``len(caches[0]) + T <= block_size``, and ``attention_mask`` (B, T_past + T)
-        is boolean, True for tokens and False for left padding. An id outside the vocabulary is an
-        ``IndexError`` from the embedding on the CPU (a device-side assert on a GPU); a sequence past
-        ``block_size`` is an error from the position table, or, with RoPE and ALiBi, silently beyond
-        what the model was trained on.
+        is boolean, True for tokens and False for left padding.
 
         Shapes: idx (B, T) -> logits (B, T, vocab_size), or (B, 1, vocab_size) with ``last_only``;
             fp32 under autocast.
@@ -432,10 +410,8 @@ class GPT(nn.Module):
         keys and values of earlier positions, so ``idx`` can be just the new tokens.
         ``attention_mask`` (B, T_past + T): 1 for tokens, 0 for left padding.
 
-        ``return_logits=False`` (with ``targets``) returns ``(None, loss)``: the Trainer's default
-        loss asks for that. Through ``torch.compile`` the logits then stay inside the compiled
-        graph, read by the loss alone; handed out of it, they would take a gradient of zeros in
-        the backward pass, a tensor of their size filled and read at every step.
+        ``return_logits=False`` (with ``targets``) returns ``(None, loss)``, so that under
+        ``torch.compile`` the logits stay inside the compiled graph (the Trainer's default loss).
         """
         if not return_logits and targets is None:
             raise ValueError("return_logits=False returns the loss alone: it needs targets, got targets=None")
@@ -576,17 +552,7 @@ class EncoderOnlyTransformer(nn.Module):
         self.type_embed = nn.Embedding(c.type_vocab_size, c.d_model)
         self.embed_norm = make_norm("layernorm", c.d_model, c.norm_eps)
         self.dropout = nn.Dropout(c.dropout)
-        self.layers = nn.ModuleList(
-            EncoderLayer(
-                d_model=c.d_model,
-                n_heads=c.n_heads,
-                d_ff=c.d_ff,
-                dropout=c.dropout,
-                activation=c.activation,
-                eps=c.norm_eps,
-            )
-            for _ in range(c.n_layers)
-        )
+        self.layers = nn.ModuleList(EncoderLayer(**_layer_kwargs(c, eps=c.norm_eps)) for _ in range(c.n_layers))
         self.apply(GPT._init_weights)  # BERT's initialisation (initializer_range 0.02), for training from scratch
 
     def forward(
