@@ -88,11 +88,6 @@ class KVCache:
         return 0 if self.k is None else self.k.shape[-2]
 
     @property
-    def filled(self) -> bool:
-        """A static cache that already holds the memory's keys and values."""
-        return self.static and self.k is not None
-
-    @property
     def past_length(self) -> int:
         """How many earlier positions precede the new queries (0 for cross-attention)."""
         return 0 if self.static else len(self)

@@ -81,16 +81,10 @@ def export_onnx(model: GPT, path: str | Path, example_ids: Tensor | None = None,
     the exporter runs the model on; by default (2, min(8, block_size)) token ids. The model's
     ``vocab_size`` and ``block_size`` go into the file's metadata, for :class:`OnnxGPT`'s checks.
 
-    The exporter is PyTorch's default since 2.9, ``dynamo=True``: ``torch.export`` captures the
-    whole forward pass as a graph, with the dynamic axes as symbols checked against the code, and
-    onnxscript translates each operator. It runs offline, and its logits match PyTorch's to about
-    1e-6 for every configuration tried (learned positions; RoPE + RMSNorm + SwiGLU + grouped-query
-    attention), at every batch size and length. It is slow to export (5-15 s for the book's small
-    GPTs on one CPU thread). The legacy TorchScript exporter (``dynamo=False``) takes under a second,
-    but it has no translation for ``aten::rms_norm`` (the Llama-style model fails to export), and
-    it *traces*: each Python ``if`` on a shape (the causal kernel's ``T_q == T_k``, the position
-    table's length check) is frozen to the example's branch with only a warning, so nothing checks
-    that the file is right at other shapes.
+    The exporter is ``torch.export`` (``dynamo=True``): it captures the whole forward pass as a
+    graph, with the dynamic axes as symbols checked against the code, and onnxscript translates
+    each operator, offline. (The legacy TorchScript exporter traces: each Python ``if`` on a shape
+    would be frozen to the example's branch, and it cannot translate ``aten::rms_norm``.)
 
     Shapes: example_ids (B, T); the file maps ids (B, T) -> logits (B, T, vocab_size).
 
