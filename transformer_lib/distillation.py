@@ -42,6 +42,28 @@ def distillation_loss(
 
     Defined in chapter 9, Inference and deployment.
     """
+    _validate_logits(student_logits, teacher_logits, targets)
+    T = _validate_real("temperature", temperature, "a finite number > 0", lambda t: t > 0)
+    alpha = _validate_real("alpha", alpha, "a number in [0, 1]", lambda a: 0.0 <= a <= 1.0)
+    V = student_logits.shape[-1]
+    dtype = torch.promote_types(student_logits.dtype, torch.float32)  # bf16/fp16 logits: the softmaxes in fp32
+    s, t, y = student_logits.reshape(-1, V).to(dtype), teacher_logits.reshape(-1, V).to(dtype), targets.reshape(-1)
+    keep = y != ignore_index  # (N,) the positions that count
+    if _reads_are_free(keep) and not keep.any():  # on a GPU this check would stall every step: the loss is NaN
+        raise ValueError(f"every target is ignore_index={ignore_index}: there is nothing to learn from")
+    loss = s.new_zeros(())  # a term with no weight is not computed (alpha = 1: the soft targets alone, chapter 9)
+    if alpha > 0.0:
+        log_p_student = F.log_softmax(s / T, dim=-1)  # (N, V)
+        log_p_teacher = F.log_softmax(t.detach() / T, dim=-1)
+        kl = F.kl_div(log_p_student, log_p_teacher, log_target=True, reduction="none").sum(-1)  # (N,) KL(t || s)
+        loss = loss + alpha * T**2 * (kl.masked_fill(~keep, 0.0).sum() / keep.sum())  # the mean over kept positions
+    if alpha < 1.0:
+        loss = loss + (1.0 - alpha) * F.cross_entropy(s, y, ignore_index=ignore_index)
+    return loss
+
+
+def _validate_logits(student_logits: Tensor, teacher_logits: Tensor, targets: Tensor) -> None:
+    """Floating logits of one shape (..., V), and targets of the shape (...)."""
     _validate_tensor("student_logits", student_logits, floating=True)
     _validate_tensor("teacher_logits", teacher_logits, floating=True)
     if student_logits.shape != teacher_logits.shape:
@@ -53,24 +75,6 @@ def distillation_loss(
         got = tuple(targets.shape) if isinstance(targets, Tensor) else type(targets).__name__
         want = tuple(student_logits.shape[:-1])
         raise ValueError(f"targets must have the logits' shape without the last axis, {want}, got {got}")
-    T = _validate_real("temperature", temperature, "a finite number > 0", lambda t: t > 0)
-    alpha = _validate_real("alpha", alpha, "a number in [0, 1]", lambda a: 0.0 <= a <= 1.0)
-    V = student_logits.shape[-1]
-    dtype = torch.promote_types(student_logits.dtype, torch.float32)  # bf16/fp16 logits: the softmaxes in fp32
-    s, t, y = student_logits.reshape(-1, V).to(dtype), teacher_logits.reshape(-1, V).to(dtype), targets.reshape(-1)
-    keep = y != ignore_index  # (N,) the positions that count
-    if _reads_are_free(keep) and not keep.any():  # on a GPU this check would stall every step: the loss is NaN
-        raise ValueError(f"every target is ignore_index={ignore_index}: there is nothing to learn from")
-    terms = []  # a term with no weight is not computed (alpha = 1: the soft targets alone, as in chapter 9)
-    if alpha > 0.0:
-        log_p_student = F.log_softmax(s / T, dim=-1)  # (N, V)
-        log_p_teacher = F.log_softmax(t.detach() / T, dim=-1)
-        kl = F.kl_div(log_p_student, log_p_teacher, log_target=True, reduction="none").sum(-1)  # (N,) KL(t || s)
-        soft = kl.masked_fill(~keep, 0.0).sum() / keep.sum()  # the mean over the kept positions
-        terms.append(alpha * T**2 * soft)
-    if alpha < 1.0:
-        terms.append((1.0 - alpha) * F.cross_entropy(s, y, ignore_index=ignore_index))
-    return terms[0] + terms[1] if len(terms) == 2 else terms[0]
 
 
 def distillation_loss_fn(

@@ -43,11 +43,30 @@ def mask_tokens(
 
     Defined in chapter 10, Encoder-only.
     """
+    ids, special = _validate_mask_arguments(ids, mask_id, vocab_size, special_ids, generator)
+    p = _validate_real("p", p, "a probability in [0, 1]", lambda x: 0.0 <= x <= 1.0)
+    n_ordinary = int(vocab_size) - len(special)  # the ids a random replacement may take: not special, not mask_id
+    cpu_ids = ids.cpu()
+    selected = torch.rand(ids.shape, generator=generator) < p  # (B, T)
+    selected &= ~torch.isin(cpu_ids, special)  # specials are never predicted
+    choice = torch.rand(ids.shape, generator=generator)  # < 0.8: [MASK]; < 0.9: random; else unchanged
+    r = torch.randint(n_ordinary, ids.shape, generator=generator)  # the r-th ordinary id, for each position
+    random_ids = r + torch.searchsorted(special - torch.arange(len(special)), r, right=True)
+    inputs = torch.where(selected & (choice < 0.8), int(mask_id), cpu_ids)
+    inputs = torch.where(selected & (choice >= 0.8) & (choice < 0.9), random_ids, inputs)
+    labels = torch.where(selected, cpu_ids, IGNORE_INDEX)
+    return inputs.to(ids.device), labels.to(ids.device)
+
+
+def _validate_mask_arguments(
+    ids: object, mask_id: int, vocab_size: int, special_ids: Iterable[int], generator: object
+) -> tuple[Tensor, Tensor]:
+    """:func:`mask_tokens`' arguments checked: ``ids`` as torch.long, and the sorted ids never selected nor
+    drawn (``special_ids`` and ``mask_id``), leaving at least one ordinary id to draw."""
     vocab_size = _validate_int("vocab_size", vocab_size)
     mask_id = _validate_int("mask_id", mask_id, 0)
     if mask_id >= vocab_size:
         raise ValueError(f"mask_id must be < vocab_size={vocab_size}, got {mask_id}")
-    p = _validate_real("p", p, "a probability in [0, 1]", lambda x: 0.0 <= x <= 1.0)
     if not isinstance(ids, Tensor):
         raise TypeError(f"ids must be a torch.Tensor of token ids, got {type(ids).__name__}")
     if ids.layout != torch.strided:
@@ -62,17 +81,6 @@ def mask_tokens(
     special = torch.tensor(sorted({_validate_int("special_ids", s, 0) for s in special_ids} | {mask_id}))
     if int(special.max()) >= vocab_size:
         raise ValueError(f"special_ids must be < vocab_size={vocab_size}, got {special.tolist()}")
-    n_ordinary = vocab_size - len(special)  # the ids a random replacement may take: not special, not mask_id
-    if n_ordinary == 0:
+    if len(special) == vocab_size:
         raise ValueError("every id is special or mask_id: no id is left to draw a random replacement from")
-
-    cpu_ids = ids.cpu()
-    selected = torch.rand(ids.shape, generator=generator) < p  # (B, T)
-    selected &= ~torch.isin(cpu_ids, special)  # specials are never predicted
-    choice = torch.rand(ids.shape, generator=generator)  # < 0.8: [MASK]; < 0.9: random; else unchanged
-    r = torch.randint(n_ordinary, ids.shape, generator=generator)  # the r-th ordinary id, for each position
-    random_ids = r + torch.searchsorted(special - torch.arange(len(special)), r, right=True)
-    inputs = torch.where(selected & (choice < 0.8), mask_id, cpu_ids)
-    inputs = torch.where(selected & (choice >= 0.8) & (choice < 0.9), random_ids, inputs)
-    labels = torch.where(selected, cpu_ids, IGNORE_INDEX)
-    return inputs.to(ids.device), labels.to(ids.device)
+    return ids, special

@@ -15,8 +15,7 @@ def top_k_filter(logits: Tensor, k: int) -> Tensor:
 
     Defined in chapter 7, Decoder-only.
     """
-    _validate_top_k(k)
-    k = min(k, logits.shape[-1])
+    k = min(_validate_int("top_k", k), logits.shape[-1])
     kth = torch.topk(logits, k, dim=-1).values[..., -1:]  # (B, 1) the k-th largest value
     return logits.masked_fill(logits < kth, float("-inf"))
 
@@ -30,7 +29,7 @@ def top_p_filter(logits: Tensor, p: float) -> Tensor:
 
     Defined in chapter 7, Decoder-only.
     """
-    _validate_top_p(p)
+    p = _validate_real("top_p", p, "a number in (0, 1]", lambda x: 0.0 < x <= 1.0)
     if p == 1.0:  # the float cumulative sum can reach 1 before the tail: keep everything explicitly
         return logits
     sorted_logits, order = torch.sort(logits, dim=-1, descending=True)  # (B, V)
@@ -65,18 +64,10 @@ def sample_next_token(
     return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
 
 
-def _validate_top_k(k: object) -> None:
-    _validate_int("top_k", k)
-
-
-def _validate_top_p(p: object) -> None:
-    _validate_real("top_p", p, "a number in (0, 1]", lambda x: 0.0 < x <= 1.0)
-
-
 def _validate_sampling(temperature: object, top_k: object, top_p: object) -> None:
     """Check the sampling settings, also when greedy decoding (temperature 0) would not use them."""
     _validate_real("temperature", temperature, "a finite number >= 0 (0 = greedy)", lambda t: t >= 0)
     if top_k is not None:
-        _validate_top_k(top_k)
+        _validate_int("top_k", top_k)
     if top_p is not None:
-        _validate_top_p(top_p)
+        _validate_real("top_p", top_p, "a number in (0, 1]", lambda x: 0.0 < x <= 1.0)

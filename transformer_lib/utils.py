@@ -1,4 +1,4 @@
-"""Small utilities every chapter uses: device choice, seeding, parameter counting, CPU memory reuse."""
+"""Small utilities every chapter uses: device choice, seeding, timing, parameter counting, modes."""
 
 from __future__ import annotations
 
@@ -110,9 +110,6 @@ def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
 @contextmanager
 def num_threads(n: int) -> Iterator[None]:
     """Run a block with PyTorch on ``n`` CPU threads, then restore the caller's number.
-
-    Matrices of a chapter's size gain little from a second thread, and lose much when another
-    process keeps a core busy: timings and small trainings run on one.
 
     Defined in chapter 3, Multi-head attention.
     """
