@@ -9,7 +9,6 @@ the uncached tokens, the library's GPT equals nanoGPT's on the same weights, and
 
 from __future__ import annotations
 
-import math
 import re
 
 import pytest
@@ -18,11 +17,11 @@ import torch.nn.functional as F
 
 from conftest import generate_with_logits
 from transformer_lib import GPT, GPTConfig
-from transformer_lib.cuda_graphs import WARMUP_STEPS
 from transformer_lib.notebook.benchmark import ReferenceGPT, op_times
+from transformer_lib.notebook.runs import fit_together
 from transformer_lib.precision import fused_attention, output_in_fp32
 from transformer_lib.text import random_blocks
-from transformer_lib.training import NonFiniteLossError, TrainConfig, Trainer, fit_together
+from transformer_lib.training import TrainConfig, Trainer
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -35,11 +34,9 @@ def tiny_gpt(seed: int = 0, **overrides) -> GPT:
     return GPT(GPTConfig(**(config | overrides)))
 
 
-def trainer_for(model: GPT, steps: int = 20, log_interval: int = 10**6) -> Trainer:
-    config = TrainConfig(
-        max_steps=steps, lr=3e-3, warmup_steps=2, eval_interval=10**6, log_interval=log_interval, progress=False
-    )
-    return Trainer(model, config, lambda g: random_blocks(DATA, 8, 32, g), device=torch.device("cuda"))
+def trainer_for(model: GPT, steps: int = 20, log_interval: int = 10**6, **kw) -> Trainer:
+    config = TrainConfig(max_steps=steps, lr=3e-3, warmup_steps=2, eval_interval=10**6, log_interval=log_interval)
+    return Trainer(model, config, lambda g: random_blocks(DATA, 8, 32, g), device=torch.device("cuda"), **kw)
 
 
 def test_the_training_step_never_waits_for_the_gpu():
@@ -58,93 +55,23 @@ def test_the_training_step_never_waits_for_the_gpu():
     assert loss.is_cuda and torch.isfinite(loss).item()
 
 
-def graph_trainer(cuda_graph: bool, amp: bool = True, steps: int = 12, **kw) -> Trainer:
-    config = TrainConfig(max_steps=steps, lr=3e-3, warmup_steps=2, eval_interval=10**6, log_interval=10**6,
-                         progress=False, amp=amp, cuda_graph=cuda_graph)  # fmt: skip
-    return Trainer(tiny_gpt(), config, lambda g: random_blocks(DATA, 8, 32, g), device=torch.device("cuda"), **kw)
-
-
-@pytest.mark.parametrize("amp", [False, True], ids=["fp32", "amp"])
-def test_a_step_replayed_from_a_cuda_graph_is_the_step_run_as_usual(amp):
-    """TrainConfig(cuda_graph=True): the first steps run as usual, the next is captured, and every later one
-    is the graph's replay, with the batch, the learning rate and the step number copied in. The losses and
-    weights are those of plain steps (to the atomics of CUDA's embedding backward, and bf16's rounding)."""
-    g = torch.Generator().manual_seed(0)
-    batches = [tuple(t.cuda() for t in random_blocks(DATA, 8, 32, g)) for _ in range(12)]
-    losses, trainers = {}, {}
-    for cuda_graph in (False, True):
-        t = trainers[cuda_graph] = graph_trainer(cuda_graph, amp)
-        assert t.replays_graph == cuda_graph
-        steps = []
-        for i, batch in enumerate(batches):
-            if cuda_graph and i > WARMUP_STEPS:  # the replays (after the capture): any host sync raises
-                torch.cuda.set_sync_debug_mode("error")
-            try:
-                steps.append(t.train_step(batch))
-            finally:
-                torch.cuda.set_sync_debug_mode(0)
-        losses[cuda_graph] = torch.stack(steps).cpu()
-    graphed = trainers[True]._graphed
-    assert graphed is not None and graphed.captured
-    assert isinstance(trainers[True].optimizer.param_groups[0]["lr"], torch.Tensor)  # read on the device
-    tolerance = dict(rtol=1e-2, atol=1e-2) if amp else dict(rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(losses[True], losses[False], **tolerance)
-    if not amp:  # a learning rate frozen at the capture's would move the weights by about 1e-3 here
-        for p, q in zip(trainers[True].model.parameters(), trainers[False].model.parameters(), strict=True):
-            torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-4)
-
-
-def test_a_cuda_graph_refuses_a_batch_of_another_shape():
-    t = graph_trainer(True)
-    g = torch.Generator().manual_seed(0)
-    for _ in range(WARMUP_STEPS + 2):
-        t.train_step(random_blocks(DATA, 8, 32, g))
-    captured = re.escape("captured on batches [((8, 32), torch.int64), ((8, 32), torch.int64)]")
-    with pytest.raises(ValueError, match=captured + r".*this step's batches are \[\(\(8, 16\)"):
-        t.train_step(random_blocks(DATA, 8, 16, g))
-
-
-def test_a_nan_in_a_replayed_step_is_reported_at_its_step():
-    """The step number that marks the first non-finite loss is copied into the graph at every replay."""
-    factor = torch.ones((), device="cuda")  # the graph reads it at every replay
-
-    def loss_fn(model, batch):
-        x, y = batch
-        return model(x, y)[1] * factor
-
-    t = graph_trainer(True, steps=20, loss_fn=loss_fn)
-    t.fit(steps=7)  # the warm-up, the capture, then replays
-    factor.fill_(float("nan"))
-    with pytest.raises(NonFiniteLossError, match=r"the training loss is not finite \(NaN or inf\) at step 7 "):
-        t.fit()
-    assert t.replays_graph
-
-
-def test_a_graphed_run_saves_and_resumes_as_a_plain_run(tmp_path):
-    """A checkpoint of replayed steps resumes on the GPU (the graph is captured again for the new optimizer
-    state) as the plain run goes on, and on a CPU."""
-    plain = graph_trainer(False, amp=False)
-    plain.fit()
-    first = graph_trainer(True, amp=False)
-    first.fit(steps=7)
-    path = first.save(tmp_path / "graphed.pt")
-    resumed = graph_trainer(True, amp=False)
-    resumed.load(path)
-    resumed.fit()
-    assert resumed._graphed is not None and resumed._graphed.captured  # captured again after the load
-    assert resumed.step == plain.step == 12
-    for p, q in zip(resumed.model.parameters(), plain.model.parameters(), strict=True):
-        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-4)
-    on_cpu = Trainer(tiny_gpt(), first.config, lambda g: random_blocks(DATA, 8, 32, g), device="cpu")
-    on_cpu.load(path)
-    on_cpu.fit(steps=1)
-    assert on_cpu.step == 8 and math.isfinite(on_cpu.history.train_loss[-1])
-
-
 def test_fit_learns_on_the_gpu():
     trainer = trainer_for(tiny_gpt(), steps=150, log_interval=10)
-    history = trainer.fit()
+    history = trainer.fit(progress=False)
     assert history.train_loss[-1] < 0.5 * history.train_loss[0], history.train_loss
+
+
+def test_a_reduce_overhead_compiled_trainer_trains_as_the_eager_one():
+    """Trainer(compile="reduce-overhead"): torch.compile replays each step as a CUDA graph. The losses follow
+    the eager run's (to the fused kernels' rounding and bf16's), and the weights stay the model's own."""
+    eager = trainer_for(tiny_gpt(), steps=40, log_interval=5)
+    graphed = trainer_for(tiny_gpt(), steps=40, log_interval=5, compile="reduce-overhead")
+    assert graphed.compiled and not eager.compiled
+    h_eager, h_graphed = eager.fit(progress=False), graphed.fit(progress=False)
+    assert graphed.step == 40 and h_graphed.steps == h_eager.steps
+    torch.testing.assert_close(h_graphed.train_loss, h_eager.train_loss, atol=5e-2, rtol=5e-2)
+    assert h_graphed.train_loss[-1] < 0.5 * h_graphed.train_loss[0], h_graphed.train_loss
+    assert next(graphed.model.parameters()).is_cuda and graphed.model is not graphed.forward_model
 
 
 def test_the_cache_gives_the_uncached_tokens_on_the_gpu():
@@ -190,10 +117,10 @@ def test_fused_attention_on_the_gpu_equals_the_formula(dtype):
 def test_fit_together_trains_gpu_runs_each_as_alone():
     """On a GPU the runs go one after the other. Not bitwise: CUDA's embedding backward adds with atomics."""
     together = [trainer_for(tiny_gpt(seed), steps=30, log_interval=10) for seed in (0, 1)]
-    fit_together(together)
+    fit_together(together, progress=False)
     for seed, trainer in zip((0, 1), together, strict=True):
         alone = trainer_for(tiny_gpt(seed), steps=30, log_interval=10)
-        alone.fit()
+        alone.fit(progress=False)
         assert trainer.step == alone.step == 30
         torch.testing.assert_close(trainer.history.train_loss, alone.history.train_loss, atol=2e-2, rtol=2e-2)
 
