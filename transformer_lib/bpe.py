@@ -17,6 +17,7 @@ Two ways to get one:
 
 from __future__ import annotations
 
+import itertools
 import json
 import operator
 import re
@@ -28,6 +29,8 @@ from typing import Any
 
 import numpy as np
 from torch import Tensor
+
+from ._validate import _validate_int
 
 INSTALL_HINT = "pip install tokenizers"
 N_BYTES = 256
@@ -220,17 +223,12 @@ class BPETokenizer:
         # Special tokens verbatim, the runs between them through the byte-level decoder
         # (the decoder would read a special token's characters as bytes).
         by_id = {i: s for s, i in self._special.items()}
-        parts: list[str] = []
-        run: list[int] = []
-        for i in ids:
-            if i in by_id:
-                parts.append(self._tok.decode(run, skip_special_tokens=False) if run else "")
-                parts.append(by_id[i])
-                run = []
-            else:
-                run.append(i)
-        if run:
-            parts.append(self._tok.decode(run, skip_special_tokens=False))
+        parts = []
+        for special, group in itertools.groupby(ids, key=by_id.__contains__):
+            run = list(group)
+            parts.append(
+                "".join(by_id[i] for i in run) if special else self._tok.decode(run, skip_special_tokens=False)
+            )
         return "".join(parts)
 
     # --- files --------------------------------------------------------------------------
@@ -249,9 +247,6 @@ class BPETokenizer:
         vocab = dict(sorted(self._tok.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1]))
         vocab_path.write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
         return vocab_path, merges_path
-
-    def __len__(self) -> int:
-        return self._size
 
     def __repr__(self) -> str:
         specials = f", special_tokens={list(self._special)}" if self._special else ""
@@ -274,17 +269,12 @@ def train_bpe(text: str, vocab_size: int = 512, special_tokens: Iterable[str] = 
     tk = _tokenizers()
     _validate_text(text)
     specials = _validate_special_tokens(special_tokens)
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, np.integer)):
-        raise TypeError(f"vocab_size must be an int, got {vocab_size!r} ({type(vocab_size).__name__})")
     minimum = N_BYTES + len(specials)
-    if vocab_size < minimum:
-        raise ValueError(
-            f"a byte-level BPE needs vocab_size >= 256 bytes + {len(specials)} special tokens "
-            f"= {minimum}, got {vocab_size}"
-        )
+    allowed = f"an int >= 256 bytes + {len(specials)} special tokens = {minimum} (a byte-level BPE)"
+    vocab_size = _validate_int("vocab_size", vocab_size, minimum, allowed)
     tok = _gpt2_pipeline(tk.Tokenizer(tk.models.BPE()))
     trainer = tk.trainers.BpeTrainer(
-        vocab_size=int(vocab_size),
+        vocab_size=vocab_size,
         special_tokens=specials,
         initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
