@@ -45,42 +45,6 @@ def test_reseed_touches_code_cells_only():
     assert [c.source for c in nb.cells] == ["We call `set_seed(0)`.", "set_seed(5)"]
 
 
-def test_cuda_graph_is_set_in_every_train_config_call_outside_written_files():
-    nb = nbformat.v4.new_notebook(
-        cells=[
-            nbformat.v4.new_markdown_cell("`TrainConfig(max_steps=1)` in prose"),
-            nbformat.v4.new_code_cell("from transformer_lib.training import TrainConfig, Trainer\ncfg: TrainConfig"),
-            nbformat.v4.new_code_cell("a = TrainConfig(max_steps=2,\n    lr=1e-3)\nb = tl.TrainConfig()"),
-            nbformat.v4.new_code_cell("%%writefile {workdir}/ddp.py\none = TrainConfig(max_steps=1)"),
-        ]
-    )
-    assert ec.graph_notebook(nb) == 2
-    sources = [c.source for c in nb.cells]
-    graphed = "a = TrainConfig(cuda_graph=True, max_steps=2,\n    lr=1e-3)\nb = tl.TrainConfig(cuda_graph=True, )"
-    assert sources[2] == graphed
-    assert sources[0].startswith("`TrainConfig(max_steps=1)`") and sources[1].endswith("cfg: TrainConfig")
-    assert sources[3].endswith("one = TrainConfig(max_steps=1)")
-    compile(sources[2], "cell", "exec")  # still Python
-    with pytest.raises(ValueError, match="cell 0 already sets cuda_graph"):
-        ec.graph_notebook(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("TrainConfig(cuda_graph=on_gpu)")]))
-
-
-def test_every_chapter_that_trains_with_the_trainer_gets_valid_graphed_calls():
-    """The chapters' TrainConfig calls pass keywords only, so the rewritten cells still parse."""
-    import ast
-
-    from IPython.core.inputtransformer2 import TransformerManager
-
-    graphed = 0
-    for path in ec.chapter_paths():
-        nb = nbformat.read(path, as_version=4)
-        graphed += ec.graph_notebook(nb)
-        for cell in nb.cells:
-            if cell.cell_type == "code" and "cuda_graph=True" in cell.source:
-                ast.parse(TransformerManager().transform_cell(cell.source))  # IPython's magics made Python
-    assert graphed >= 10
-
-
 def test_every_chapter_sets_seeds_that_reseed_finds():
     for path in ec.chapter_paths():
         assert ec.reseed_notebook(nbformat.read(path, as_version=4), 1) > 0, f"{path.name}: no seed literal found"
