@@ -36,12 +36,12 @@ from torch import Tensor
 from recipe import char_data, recipe_config, recipe_gpt, recipe_parser  # benchmarks/recipe.py, beside this script
 from transformer_lib import get_device, set_seed
 from transformer_lib.notebook.benchmark import gpt_matmul_shapes, library_step_products, train_step_flops
+from transformer_lib.notebook.environment import keep_freed_memory
 from transformer_lib.notebook.race import Race, SideBySide, races_in_turn
 from transformer_lib.notebook.reference_gpt import ReferenceGPT
 from transformer_lib.precision import head_product_dtype, native_dtype
 from transformer_lib.text import random_blocks
 from transformer_lib.training import Trainer
-from transformer_lib.utils import keep_freed_memory
 
 
 @dataclass

@@ -23,6 +23,7 @@ from unittest import mock
 import torch
 
 from transformer_lib import GPT, GPTConfig
+from transformer_lib.notebook import runs
 from transformer_lib.notebook.runs import fit_together
 from transformer_lib.text import CharTokenizer, load_shakespeare, random_blocks, split_train_val
 from transformer_lib.training import TrainConfig, Trainer
@@ -45,7 +46,7 @@ def main() -> None:
         vocab_size=tok.vocab_size, block_size=args.block_size, n_layers=args.n_layer, n_heads=4, d_model=args.d_model
     )
 
-    def runs() -> list[Trainer]:
+    def new_trainers() -> list[Trainer]:
         out = []
         for seed in range(args.runs):
             torch.manual_seed(seed)
@@ -71,7 +72,7 @@ def main() -> None:
         return out
 
     def timed(train_all) -> tuple[float, list[float]]:
-        trainers = runs()
+        trainers = new_trainers()
         t0 = time.perf_counter()
         train_all(trainers)
         return time.perf_counter() - t0, [t.history.val_loss[-1] for t in trainers]

@@ -9,5 +9,7 @@ Nothing in the core (``transformer_lib.*`` outside this package) imports from he
 - ``widgets``: ``explore``, one control and an immediate picture, also in the HTML book
 - ``viz``: bertviz ``head_view``/``model_view`` that render offline in the book
 - ``plots``: ``plot_attention_grid``, ``plot_history``, ``LivePlot`` (a ``Trainer`` callback)
-- ``benchmark``: the nanoGPT-style reference GPT and the side-by-side speed race (chapter 7)
+- ``reference_gpt``: a nanoGPT-shaped GPT and nanoGPT's training step for it (chapter 8)
+- ``race``: the library's step raced against the reference's, step by step on the same batches (chapter 8)
+- ``benchmark``: the machine's multiply rate and bandwidth, a step's FLOPs and operator times (chapters 8 and 9)
 """
