@@ -95,23 +95,25 @@ sandbox:  ## bubblewrap, the grader's sandbox (apt-get, Debian)
 test: setup browser sandbox  ## the whole test suite
 	$(BIN)/python -m pytest
 
-# Everything but the tests marked slow, notebooks, book, browser or benchmark (pyproject.toml).
+# Everything but the tests marked slow, notebooks, book, browser or benchmark (pyproject.toml), on every
+# core (pytest-xdist; tests/conftest.py gives each worker's PyTorch its share of the cores).
 FAST := not slow and not notebooks and not book and not browser and not benchmark
 test-fast: setup  ## the inner loop: the tests not marked slow, notebooks, book, browser or benchmark
-	$(BIN)/python -m pytest -m "$(FAST)"
+	$(BIN)/python -m pytest -m "$(FAST)" -n auto
 
 # The fast tests against the oldest PyTorch the package accepts (requirements.txt's `torch>=X.Y`: the newest
 # X.Y.* release), in $(FLOOR_VENV), set up as `make setup` does but with that torch as the only constraint:
 # the lock pins torch's own dependencies (sympy, ...) at versions an older torch may refuse, and pip would
-# then upgrade torch. From the registry that torch is the CUDA build (about 3 GB with its nvidia-* libraries);
-# `make TORCH_INDEX=https://download.pytorch.org/whl/cpu test-floor` takes the CPU one.
+# then upgrade torch. From the registry that torch is the CUDA build, which does not import without its nvidia-*
+# libraries: for torch 2.6.0 on CPython 3.11, 3.05 GB to download (torch 767 MB, nvidia-* and triton 2,284 MB) and
+# 4.9 GB installed; `make TORCH_INDEX=https://download.pytorch.org/whl/cpu test-floor` takes the CPU one (~180 MB).
 FLOOR_VENV ?= .venv-floor
 TORCH_FLOOR ?= torch==$(shell sed -n 's/^torch>=//p' requirements.txt).*
 test-floor:  ## the fast tests against the oldest PyTorch the package accepts, in .venv-floor
 	mkdir -p $(FLOOR_VENV)
 	echo "$(TORCH_FLOOR)" | cmp -s - $(FLOOR_VENV)/torch.txt || echo "$(TORCH_FLOOR)" > $(FLOOR_VENV)/torch.txt
 	$(MAKE) VENV=$(FLOOR_VENV) TORCH="$(TORCH_FLOOR)" CONSTRAINTS=$(FLOOR_VENV)/torch.txt setup
-	$(FLOOR_VENV)/bin/python -m pytest -m "$(FAST)"
+	$(FLOOR_VENV)/bin/python -m pytest -m "$(FAST)" -n auto
 
 # The tests outside tests/test_book.py.
 test-lib: setup  ## the tests outside tests/test_book.py

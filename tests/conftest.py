@@ -28,6 +28,14 @@ def importorskip_unless_ci(modname: str, minversion: str | None = None, reason: 
         )
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (``make test-fast`` runs ``-n auto``), each worker's PyTorch gets its share of
+    the cores, not all of them: N workers of N threads each would oversubscribe the machine."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers > 1:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
