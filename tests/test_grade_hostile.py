@@ -76,13 +76,14 @@ def test_m1_a_300_mb_message_fails_the_submission_not_the_grader(tmp_path):
 
 
 def test_m2_children_together_are_held_to_the_memory_limit(tmp_path):
+    """Three children of 900 MiB each held 2.66 GiB under --memory 1 before (a per-process limit)."""
     children = (
-        "import os, time\nfor _ in range(3):\n    if os.fork() == 0:\n        x = bytearray(900 * 2**20)\n"
+        "import os, time\nfor _ in range(3):\n    if os.fork() == 0:\n        x = b'x' * (900 * 2**20)\n"
         "        time.sleep(60)\n        os._exit(0)\ntime.sleep(30)"
     )
     rows = by_exercise(graded(write(tmp_path, "m2.ipynb", notebook("check_double(lambda x: 2 * x)", children)), 120,
-                              memory_bytes=2**30))  # fmt: skip
-    assert "used more than the memory limit (1 GB)" in rows[grade.NOTEBOOK_ROW].feedback
+                              memory_bytes=2 * 2**30))  # fmt: skip
+    assert "used more than the memory limit (2 GB)" in rows[grade.NOTEBOOK_ROW].feedback
 
 
 def test_m3_a_submission_sees_no_classmate_and_cannot_harm_the_grader(tmp_path):

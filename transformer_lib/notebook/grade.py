@@ -259,6 +259,7 @@ class Sandbox:
         self.settings, self.deadline = settings, time.monotonic() + settings.timeout_s
         self.process: subprocess.Popen[bytes] | None = None
         self.reason, self.done = "", threading.Event()
+        self.stdin, self.release = os.pipe()
 
     def start(self, process: subprocess.Popen[bytes], connection_file: Path) -> None:
         """Set ``process``'s limits, let it exec the kernel (it waits on its stdin), and watch it."""
@@ -268,7 +269,9 @@ class Sandbox:
             resource.prlimit(process.pid, resource.RLIMIT_DATA, (memory, memory))
         if uid is not None and self.settings.sandbox:
             os.chown(connection_file, uid, uid)
-        process.stdin.close()  # type: ignore[union-attr]
+        for fd in (self.stdin, self.release):  # the process waits for this end of its stdin to close
+            os.close(fd)
+        self.stdin = self.release = -1
         threading.Thread(target=self._watch, daemon=True).start()
 
     def _watch(self) -> None:
@@ -387,7 +390,7 @@ def execute(nb: Any, settings: Settings, stop: Stop | None = None) -> Run:
         env |= {"TMPDIR": "/tmp", "MPLBACKEND": "Agg", "MPLCONFIGDIR": str(home), "TQDM_DISABLE": "1"}
         stop.running.add(sandbox)
         try:  # none of the grader's environment (its secrets) but PATH, and no terminal
-            client.execute(env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            client.execute(env=env, stdin=sandbox.stdin, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         except CellTimeoutError:
             result.timed_out = True
         except DeadKernelError as e:
@@ -397,11 +400,13 @@ def execute(nb: Any, settings: Settings, stop: Stop | None = None) -> Run:
         finally:
             stop.running.discard(sandbox)
             sandbox.kill("")
+            for fd in (fd for fd in (sandbox.stdin, sandbox.release) if fd >= 0):  # never started
+                os.close(fd)
             context.destroy(linger=0)
             atexit.unregister(client._cleanup_kernel)  # nbclient leaves it registered when a start fails
             del nb.cells[cells:]
     result.records, result.timed_out = client.records, result.timed_out or sandbox.reason.startswith("ran out")
-    result.kernel_died = sandbox.reason if sandbox.reason and not result.timed_out else result.kernel_died
+    result.kernel_died = "" if result.timed_out else sandbox.reason or result.kernel_died
     limit = f" (the memory limit is {settings.memory_bytes / 2**30:g} GB)" if settings.memory_bytes else ""
     for i, cell in enumerate((c for c in nb.cells if c.cell_type == "code"), 1):
         for out in (o for o in cell.get("outputs", []) if o.get("output_type") == "error"):
@@ -542,11 +547,9 @@ def format_table(rows: Sequence[Row]) -> str:
     width = max((len(r.notebook) for r in rows), default=8)
     lines = [f"{r.notebook:<{width}}  {'PASS' if r.passed else '----'} {r.exercise}: {r.feedback[:200]}" for r in rows]
     for notebook in dict.fromkeys(r.notebook for r in rows):
-        mine = [r.passed for r in rows if r.notebook == notebook and r.score is not None]
-        score = f"{sum(mine)}/{len(mine)} auto-checked exercises passed"
-        lines.append(
-            f"{notebook:<{width}}  {'not graded' if any(r.not_graded for r in rows if r.notebook == notebook) else score}"
-        )
+        mine = [r for r in rows if r.notebook == notebook]
+        score = f"{sum(r.passed for r in mine if r.score is not None)}/{sum(r.score is not None for r in mine)}"
+        lines.append(f"{notebook:<{width}}  {'not graded' if any(r.not_graded for r in mine) else score} passed")
     return "\n".join(re.sub(r"[^ -~]", "?", line) for line in lines)
 
 
