@@ -7,10 +7,6 @@ The package has two layers:
 * the notebook layer, ``transformer_lib/notebook/``: widgets, plots, bertviz views, exercise
   checkers; may import the core.
 
-One exception, by name: ``ENTRY_POINTS``, command lines of the notebook layer that sit in the
-package folder so that ``python -m transformer_lib.grade`` is short. They count as notebook layer:
-the core may not import them, and they hold nothing but the call into the layer.
-
 The rules: no arrow from the core into the notebook layer; no core module imports the
 package itself (``transformer_lib/__init__.py``, e.g. ``from . import __version__``): the
 ``__init__`` imports the core, not the other way round; and no import circle, in either layer,
@@ -33,7 +29,6 @@ from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = "notebook"  # the notebook layer: this subpackage of the package
-ENTRY_POINTS = ("grade",)  # transformer_lib/grade.py: `python -m transformer_lib.grade`, the grader's command
 
 
 class Edge(NamedTuple):
@@ -63,15 +58,14 @@ def module_files(package_dir: Path) -> dict[str, Path]:
 
 
 def layer(module: str, package: str) -> str:
-    """``"notebook"`` for the notebook subpackage, everything in it and the entry points, else ``"core"``."""
+    """``"notebook"`` for the notebook subpackage and everything in it, else ``"core"``."""
     notebook = f"{package}.{NOTEBOOK}"
-    entry = module in {f"{package}.{name}" for name in ENTRY_POINTS}
-    return "notebook" if entry or module == notebook or module.startswith(notebook + ".") else "core"
+    return "notebook" if module == notebook or module.startswith(notebook + ".") else "core"
 
 
 def is_core_file(path: Path, package_dir: Path) -> bool:
-    """The core is the package folder's own ``*.py`` files (``__init__.py`` included), entry points excepted."""
-    return Path(path).parent == Path(package_dir) and Path(path).stem not in ENTRY_POINTS
+    """The core is the package folder's own ``*.py`` files (``__init__.py`` included)."""
+    return Path(path).parent == Path(package_dir)
 
 
 def _imports(tree: ast.AST):

@@ -36,25 +36,8 @@ def _load_script():
 
 
 ig = _load_script()
-#: The core: the package folder's *.py files, except the command-line entry points of the notebook layer.
-CORE_FILES = sorted(p for p in PACKAGE_DIR.glob("*.py") if p.stem not in ig.ENTRY_POINTS)
-ENTRY_FILES = [PACKAGE_DIR / f"{name}.py" for name in ig.ENTRY_POINTS]
-
-
-@pytest.mark.parametrize("path", ENTRY_FILES, ids=lambda p: p.name)
-def test_an_entry_point_only_hands_over_to_the_notebook_layer(path: Path) -> None:
-    """The exception to the rule stays an exception: `sys`, one import from the notebook layer, the call."""
-    tree = ast.parse(path.read_text())
-    imports = [n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)]
-    modules = {a.name for n in imports if isinstance(n, ast.Import) for a in n.names}
-    modules |= {n.module for n in imports if isinstance(n, ast.ImportFrom)}
-    assert modules == {"sys", f"{PACKAGE}.notebook.{path.stem}"}, modules
-    functions = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.ClassDef)]
-    assert not functions and len(tree.body) <= 4, "an entry point defines nothing: the code lives in the layer"
-    init = ast.parse((PACKAGE_DIR / "__init__.py").read_text())
-    imported = {a.name for n in ast.walk(init) if isinstance(n, ast.ImportFrom) for a in n.names}
-    imported |= {n.module or "" for n in ast.walk(init) if isinstance(n, ast.ImportFrom)}
-    assert path.stem not in imported and f"{PACKAGE}.{path.stem}" not in imported, "the package must not import it"
+#: The core: the package folder's *.py files.
+CORE_FILES = sorted(PACKAGE_DIR.glob("*.py"))
 
 
 def _core_name(path: Path) -> str:

@@ -32,10 +32,7 @@ Two layers. The core is tensors in, tensors out, one module per idea:
 
 The notebook layer, ``transformer_lib.notebook``, holds what only the chapters need (exercise
 checkers, widgets, attention views, plots, independent runs side by side (``notebook.runs.fit_together``),
-the speed race, the classroom grader); the core never imports it. One command line sits at the top for
-brevity and belongs to that layer:
-
-- ``grade``: ``python -m transformer_lib.grade SUBMISSION.ipynb ...`` runs ``transformer_lib.notebook.grade``
+the speed race, the classroom grader, whose command is ``transformer-grade``); the core never imports it.
 """
 
 from importlib.metadata import PackageNotFoundError, version

@@ -2,10 +2,11 @@
 
 Nothing in the core (``transformer_lib.*`` outside this package) imports from here.
 
-- ``environment``: ``describe_environment`` (every chapter's first cell), ``in_book_build``
+- ``environment``: ``setup_chapter`` (every chapter's first cell), ``in_book_build``
 - ``exercises``: the exercise checkers, one module per chapter (``check_softmax``, ...), and their catalogue
-- ``grade``: the classroom grader, ``python -m transformer_lib.grade`` (executes notebooks, collects results)
-- ``_contain``: the grader's wrapper around each kernel: kills all it started when it ends, a memory limit
+- ``grade``: the classroom grader, ``transformer-grade`` (each notebook in a bubblewrap sandbox, results read
+  from the kernel's execute replies)
+- ``runs``: ``fit_together`` (independent runs side by side on a CPU's cores) and ``map_in_processes``
 - ``widgets``: ``explore``, one control and an immediate picture, also in the HTML book
 - ``viz``: bertviz ``head_view``/``model_view`` that render offline in the book
 - ``plots``: ``plot_attention_grid``, ``plot_history``, ``LivePlot`` (a ``Trainer`` callback)
