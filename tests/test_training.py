@@ -1,23 +1,18 @@
 import dataclasses
 import io
 import math
-import multiprocessing
-import os
 import platform
 import re
-import signal
 import subprocess
 import sys
-import threading
-import types
-from unittest import mock
 
 import numpy as np
 import pytest
 import torch
 
 from transformer_lib import GPT, GPTConfig, checkpoint, training
-from transformer_lib.cuda_graphs import GraphedStep
+from transformer_lib.checkpoint import CheckpointError
+from transformer_lib.notebook import environment
 from transformer_lib.notebook.plots import plot_history
 from transformer_lib.precision import native_dtype
 from transformer_lib.text import random_blocks
@@ -43,10 +38,11 @@ def tiny_gpt(seed=0, **kw):
     return GPT(GPTConfig(**{**dict(vocab_size=7, block_size=16, n_layers=1, n_heads=2, d_model=16, dropout=0.1), **kw}))
 
 
-def trainer(model, steps=20, loss_fn=default_loss, **kw):
+def trainer(model, steps=20, loss_fn=default_loss, compile=False, **kw):
     settings = dict(max_steps=steps, lr=3e-3, warmup_steps=5, eval_interval=10, eval_steps=2, log_interval=5)
-    cfg = TrainConfig(**{**settings, "progress": False, **kw})
-    return Trainer(model, cfg, batches, batches, loss_fn=loss_fn, device="cpu", count=lambda b: b[0].numel())
+    cfg = TrainConfig(**{**settings, **kw})
+    count = lambda b: b[0].numel()  # noqa: E731
+    return Trainer(model, cfg, batches, batches, loss_fn=loss_fn, device="cpu", count=count, compile=compile)
 
 
 def test_learning_rate_schedule():
@@ -121,7 +117,7 @@ def test_checkpoint_for_another_config_is_rejected(tmp_path):
     t.fit()
     t.save(tmp_path / "ckpt.pt")
     other = trainer(tiny_gpt(norm="rmsnorm"), steps=4)
-    with pytest.raises(ValueError, match=r"different model config; differing fields: \['norm', 'norm_eps'\]"):
+    with pytest.raises(CheckpointError, match=r"ckpt.pt: .*for another model config: .*'norm': 'layernorm'"):
         other.load(tmp_path / "ckpt.pt")
     assert other.step == 0  # and nothing was loaded
 
@@ -159,9 +155,6 @@ def test_checkpoint_for_another_config_is_rejected(tmp_path):
         {"seed": 1.5},
         {"seed": 2**64},
         {"amp": "yes"},
-        {"compile": 1},
-        {"cuda_graph": "yes"},
-        {"progress": 1},
     ],
     ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()),
 )
@@ -169,22 +162,6 @@ def test_bad_config_is_rejected_naming_the_field(bad):
     (field,) = bad
     with pytest.raises(ValueError, match=rf"\b{field}\b must be .*got {re.escape(repr(bad[field]))}"):
         TrainConfig(**bad)
-
-
-def test_cuda_graph_is_ignored_off_cuda_and_the_steps_are_those_run_as_usual():
-    """TrainConfig(cuda_graph=True) replays a step captured on a CUDA GPU (tests/test_cuda.py checks the replay);
-    elsewhere the steps run as usual, to the last bit."""
-    runs = {}
-    for cuda_graph in (False, True):
-        torch.manual_seed(0)
-        model = GPT(GPTConfig(vocab_size=97, block_size=16, n_layers=1, n_heads=2, d_model=16, dropout=0.0))
-        config = TrainConfig(max_steps=6, warmup_steps=2, eval_interval=10**6, progress=False, cuda_graph=cuda_graph)
-        t = Trainer(model, config, lambda g: random_blocks(torch.arange(500) % 97, 4, 16, g), device="cpu")
-        assert not t.replays_graph
-        runs[cuda_graph] = [t.train_step(t.train_batches(t.generator)).item() for _ in range(6)]
-    assert runs[True] == runs[False]
-    with pytest.raises(ValueError, match="a CUDA graph needs a CUDA device, got cpu"):
-        GraphedStep(t._step, t.optimizer, torch.device("cpu"))
 
 
 def test_config_error_says_what_is_allowed_and_lists_every_problem():
@@ -452,52 +429,42 @@ def test_cpu_mixed_precision_multiplies_in_bf16_and_learns_like_fp32(monkeypatch
     assert abs(h.val_loss[-1] - h32.val_loss[-1]) < 0.1, (h.val_loss, h32.val_loss)
 
 
-def test_the_default_loss_asks_a_gpt_for_the_loss_alone_and_other_models_for_both():
+def test_the_default_loss_is_the_second_output_of_forward_x_y():
     model, x = tiny_gpt(dropout=0.0), torch.randint(0, 7, (2, 16))
-    logits, loss = model(x, x)
-    none, alone = model(x, x, return_logits=False)
-    assert none is None and torch.equal(alone, loss)
-    with pytest.raises(ValueError, match="return_logits=False returns the loss alone: it needs targets"):
-        model(x, return_logits=False)
     calls = []
 
-    class Spy(torch.nn.Module):  # a model whose forward(x, y) has no return_logits
+    class Spy(torch.nn.Module):  # any model whose forward(x, y) returns (logits, loss)
         def forward(self, x, y):
-            calls.append(y)
-            return None, loss
+            calls.append((x, y))
+            return None, torch.tensor(1.5)
 
-    assert default_loss(Spy(), (x, x)) is loss and len(calls) == 1
-    with mock.patch.object(GPT, "forward", autospec=True, side_effect=GPT.forward) as forward:
-        assert torch.equal(default_loss(model, (x, x)), loss)
-    assert forward.call_args.kwargs == {"return_logits": False}
-    assert training._unwrapped(torch.compile(model)) is model  # the Trainer's compiled wrapper is seen through
+    assert default_loss(Spy(), (x, x + 1)).item() == 1.5
+    assert len(calls) == 1 and torch.equal(calls[0][1], x + 1)
+    assert torch.equal(default_loss(model, (x, x)), model(x, x)[1])
 
 
-@pytest.mark.slow
-def test_a_compiled_gpt_step_keeps_its_logits_inside_the_graph():
-    """The default loss asks a GPT for the loss alone. Compiled, the backward pass then fills no zero gradient of
-    the logits' size; the compiled model's own (logits, loss), the logits handed out of its graph, takes one."""
-    t = trainer(tiny_gpt(dropout=0.0), steps=4, compile=True, amp=False)
-    x, y = batches(torch.Generator().manual_seed(0))
-    logits_shape = [*x.shape, 7]
-
-    def logits_sized_fills(fn):
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
-            fn()
-        events = prof.key_averages(group_by_input_shape=True)
-        return [
-            e.key for e in events if e.key in ("aten::zero_", "aten::fill_") and e.input_shapes[:1] == [logits_shape]
-        ]
-
-    t.train_step((x, y))  # compiles
-    assert logits_sized_fills(lambda: t.train_step((x, y))) == []
-    t.forward_model(x, y)[1].backward()  # compiles the (logits, loss) graph
-    assert logits_sized_fills(lambda: t.forward_model(x, y)[1].backward())  # what the default loss avoids
+def test_how_a_run_executes_is_the_trainers_not_the_configs():
+    """compile belongs to the Trainer (a bool or torch.compile's mode), the progress bar to fit; neither is a
+    field of TrainConfig, which says what a run computes (and a checkpoint compares)."""
+    for name in ("compile", "progress", "cuda_graph"):
+        assert name not in {f.name for f in dataclasses.fields(TrainConfig)}
+    model = tiny_gpt(dropout=0.0)
+    assert not trainer(model).compiled and trainer(model).forward_model is model
+    for compile in (True, "reduce-overhead"):
+        t = trainer(model, compile=compile)  # torch.compile is lazy: nothing is compiled until a step
+        assert t.compiled and t.forward_model is not model
+    for bad in (1, None, 0.5):
+        with pytest.raises(TypeError, match="compile must be True, False or a torch.compile mode"):
+            trainer(model, compile=bad)
+    t = trainer(model, steps=2)
+    with pytest.raises(TypeError, match="progress must be True or False, got 1"):
+        t.fit(progress=1)
+    assert t.step == 0
 
 
 @pytest.mark.slow
 def test_compiled_training_follows_the_eager_run_and_saves_plain_weights(tmp_path):
-    """TrainConfig(compile=True) trains the same parameters through torch.compile: the same losses and
+    """Trainer(compile=True) trains the same parameters through torch.compile: the same losses and
     weights as eager training (up to the fused kernels' rounding), and a checkpoint without the wrapper's
     ``_orig_mod.`` names, loadable by an eager trainer."""
     # fp32 (amp=False) on every CPU: under bf16 autocast the compiled kernels round differently from eager ones
@@ -546,322 +513,6 @@ def test_the_update_is_fused_on_one_cpu_process():
     assert not make_optimizer(tiny_gpt(), 1e-3, 0.1).defaults["fused"]
 
 
-# --- fit_together: independent runs side by side on the CPU's cores ------------------------------------------
-
-
-def _runs(seeds=(0, 1, 2), dropout=0.0, steps=15):
-    return [trainer(tiny_gpt(seed, dropout=dropout), steps=steps, seed=seed) for seed in seeds]
-
-
-def _weights(t):
-    return torch.cat([p.detach().flatten() for p in t.model.parameters()])
-
-
-def _one_thread_loss(model, batch):
-    """The default loss, refusing to run with more than one PyTorch thread (in a run's thread or process)."""
-    if torch.get_num_threads() != 1:
-        raise RuntimeError(f"a run trained with {torch.get_num_threads()} PyTorch threads")
-    return default_loss(model, batch)
-
-
-@pytest.fixture(params=["processes", "threads"])
-def side_by_side(request, monkeypatch):
-    """fit_together's two ways: forked processes (Linux) and threads (elsewhere), on two workers."""
-    monkeypatch.setattr(training.os, "cpu_count", lambda: 2)  # two workers even on a one-core machine
-    if request.param == "threads":
-        monkeypatch.setattr(training, "can_fork", lambda: False)
-    elif not training.can_fork():
-        pytest.skip("forked runs need Linux")
-    return request.param
-
-
-def test_fit_together_equals_one_run_after_the_other(side_by_side):
-    """Side by side, each run ends exactly where it ends alone with one PyTorch thread: the same weights,
-    optimizer state, losses, data generator and callback calls, in the trainers' order. The callback
-    sees the run's model, step and history at each evaluation, and what it does to the weights (here:
-    halve them at step 10) the run trains on, as when it runs inside ``fit``."""
-
-    def callback(t, log, index):
-        log.append((index, t.step, t.history.eval_steps[-1], t.model.training, torch.is_grad_enabled()))
-        if t.step == 10:
-            for p in t.model.parameters():
-                p.mul_(0.5)
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    alone_calls = []
-    try:
-        alone = [trainer(tiny_gpt(s, dropout=0.0), steps=15, seed=s, loss_fn=_one_thread_loss) for s in (0, 1, 2)]
-        for i, t in enumerate(alone):
-            t.fit(callback=lambda t, i=i: callback(t, alone_calls, i))
-    finally:
-        torch.set_num_threads(threads)
-    together = [trainer(tiny_gpt(s, dropout=0.0), steps=15, seed=s, loss_fn=_one_thread_loss) for s in (0, 1, 2)]
-    calls = []
-    histories = training.fit_together(together, callback=lambda t: callback(t, calls, together.index(t)))
-    assert torch.get_num_threads() == threads  # the caller's count, untouched or restored
-    assert sorted(calls) == alone_calls == [(i, s, s, False, False) for i in range(3) for s in (0, 10, 15)]
-    for a, b, h in zip(alone, together, histories, strict=True):
-        assert h is b.history and b.step == 15 and b.model.training  # the caller's mode
-        assert torch.equal(_weights(a), _weights(b))
-        assert a.history == dataclasses.replace(b.history, train_seconds=a.history.train_seconds)
-        torch.testing.assert_close(b.optimizer.state_dict(), a.optimizer.state_dict(), rtol=0, atol=0)
-        assert torch.equal(a.generator.get_state(), b.generator.get_state())
-
-
-def test_fit_together_runs_the_callback_with_one_thread_and_gives_the_callers_count_back(side_by_side):
-    """The callback runs while the other runs hold the other cores: with one PyTorch thread, as a run trains
-    (a second thread would wait on a busy core: chapter 4's callback took 73-103 ms a call instead of 43)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    seen = []
-    try:
-        training.fit_together(_runs(steps=10), callback=lambda t: seen.append(torch.get_num_threads()), progress=False)
-        assert torch.get_num_threads() == 2  # the caller's count, given back
-    finally:
-        torch.set_num_threads(threads)
-    assert seen == [1] * 6  # three runs, evaluated at steps 0 and 10
-
-
-def test_fit_together_takes_processes_or_threads_only_where_that_keeps_results_exact(monkeypatch):
-    """Side by side only for several CPU workers, no dropout (it draws from the one global generator) and
-    no compiling; in processes where the platform forks, else in threads."""
-    monkeypatch.setattr(training.os, "cpu_count", lambda: 2)
-    names, forked = [], []
-    monkeypatch.setattr(
-        Trainer, "fit", lambda self, callback=None: names.append(threading.current_thread().name) or self.history
-    )
-    monkeypatch.setattr(
-        training, "fit_in_processes", lambda runs, workers, callback, ended=None: forked.append(len(runs))
-    )
-    monkeypatch.setattr(training, "can_fork", lambda: True)
-    training.fit_together(_runs(dropout=0.0))
-    assert forked == [3] and names == []
-    monkeypatch.setattr(training, "can_fork", lambda: False)
-    training.fit_together(_runs(dropout=0.0))
-    assert len(names) == 3 and all(n.startswith("fit_together") for n in names)
-    compiled = [trainer(tiny_gpt(seed, dropout=0.0), steps=15, seed=seed, compile=True) for seed in (0, 1, 2)]
-    for can in (True, False):
-        monkeypatch.setattr(training, "can_fork", lambda can=can: can)
-        for runs, workers in ((_runs(dropout=0.1), None), (_runs(), 1), (compiled, None)):
-            names.clear()
-            training.fit_together(runs, workers=workers)
-            assert names == ["MainThread"] * 3  # one after the other, in the caller's thread
-    assert forked == [3]
-
-
-@pytest.mark.parametrize("value, off", [("1", True), (" True", True), ("0", False), ("off", False), ("", False)])
-def test_tqdm_disable_switches_the_jupyter_widget_off_too(monkeypatch, value, off):
-    """The book build sets TQDM_DISABLE=1 so that no bar is saved in a page. tqdm's notebook bar ignores the
-    variable (it passes disable=False itself), so a Trainer in the build's kernels saved a hidden widget in
-    every training cell; the library's bars (the Trainer's and fit_together's) read it themselves."""
-    notebook = pytest.importorskip("tqdm.notebook")
-    import tqdm.auto
-
-    made, shown = [], []
-
-    class Widget(notebook.tqdm):  # what tqdm.auto gives in a Jupyter kernel, recorded
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            made.append((kwargs["desc"], self.disable))  # as made: close() sets disable
-
-    monkeypatch.setattr(notebook, "display", lambda *objs, **kw: shown.extend(objs))
-    monkeypatch.setattr(tqdm.auto, "tqdm", Widget)
-    monkeypatch.setenv("TQDM_DISABLE", value)
-    trainer(tiny_gpt(dropout=0.0), steps=3, progress=True).fit()
-    training._runs_bar(3).close()
-    assert [desc for desc, _ in made] == ["training", "runs"]
-    assert all(disable is off for _, disable in made)
-    assert (shown == []) is off  # on, each bar's widget was displayed
-
-
-def test_fit_together_shows_one_bar_that_counts_the_runs_as_they_end(side_by_side, capsys, monkeypatch):
-    """One bar over the runs, updated once per run after its end, side by side and one after the other.
-    Side by side the runs' own bars are not shown (they would come from forked copies, or overwrite one
-    another from threads), and each trainer's own setting is its own again afterwards. progress=False
-    shows nothing; a value that is not a bool is refused before any run starts."""
-    runs = [trainer(tiny_gpt(s, dropout=0.0), steps=6, seed=s, progress=True) for s in (0, 1, 2)]
-    training.fit_together(runs)
-    err = capsys.readouterr().err
-    assert "runs:" in err and "0/3" in err
-    assert "training" not in err  # no run's own bar, from a thread or a process
-    assert all(t.config.progress and t.step == 6 for t in runs)
-
-    bar = types.SimpleNamespace(ended=[], closed=False)  # the runs that had ended at each update
-    bar.update = lambda n: bar.ended.append(sum(t.step == t.config.max_steps for t in runs))
-    bar.close = lambda: setattr(bar, "closed", True)
-    monkeypatch.setattr(training, "_runs_bar", lambda n_runs: bar if n_runs == 3 else None)
-    for t in runs:
-        t.config = dataclasses.replace(t.config, max_steps=9)
-    training.fit_together(runs)
-    assert bar.closed and len(bar.ended) == 3 and all(n >= i + 1 for i, n in enumerate(bar.ended))
-    bar.ended, bar.closed = [], False
-    for t in runs:
-        t.config = dataclasses.replace(t.config, max_steps=12)
-    training.fit_together(runs, workers=1)  # one after the other
-    assert bar.closed and bar.ended == [1, 2, 3]
-    capsys.readouterr()  # what the runs' own bars wrote, one after the other
-
-    training.fit_together([trainer(tiny_gpt(s, dropout=0.0), steps=6, seed=s) for s in (0, 1)], progress=False)
-    assert capsys.readouterr().err == ""
-    untouched = _runs(seeds=(0, 1))
-    with pytest.raises(TypeError, match="progress must be a bool, got str"):
-        training.fit_together(untouched, progress="yes")
-    assert all(t.step == 0 for t in untouched)
-
-
-def test_fit_together_raises_the_first_failure_after_every_run_ended(side_by_side):
-    """A callback that raises stops its run there; the others train to the end; then the error is raised."""
-    runs = _runs(seeds=(0, 1, 2, 3))
-
-    def callback(t):
-        if t is runs[1] and t.step == 10:
-            raise RuntimeError("run 1 failed")
-
-    with pytest.raises(RuntimeError, match="run 1 failed"):
-        training.fit_together(runs, callback=callback)
-    assert [t.step for t in runs] == [15, 10, 15, 15]  # the others trained to the end
-    assert runs[1].history.eval_steps == [0, 10]
-
-
-def test_what_a_forked_run_prints_goes_nowhere(monkeypatch, capfd):
-    """A forked run's streams are copies of this process's (in a Jupyter kernel, the kernel's machinery,
-    which a forked copy must not use): what its batch function prints goes to the null device. (The
-    caller's own bar over the runs is switched off, so that anything written is the runs'.)"""
-    if not training.can_fork():
-        pytest.skip("forked runs need Linux")
-    monkeypatch.setattr(training.os, "cpu_count", lambda: 2)
-    runs = _runs(seeds=(0, 1))
-    for i, run in enumerate(runs):
-
-        def loud_batches(g, i=i):
-            print(f"a batch of run {i}", flush=True)
-            return batches(g)
-
-        run.train_batches = loud_batches
-    training.fit_together(runs, progress=False)
-    assert [t.step for t in runs] == [15, 15]
-    assert capfd.readouterr() == ("", "")
-
-
-def test_a_run_that_fails_in_its_process_raises_here_and_keeps_its_state(monkeypatch):
-    """A run's own error (here its batches, at the 8th call, in its process) comes back with its type and
-    message, and its trainer holds the state the run failed in; an error that cannot be pickled comes
-    back as a RuntimeError with its text; a process that dies names its exit code."""
-    if not training.can_fork():
-        pytest.skip("forked runs need Linux")
-    monkeypatch.setattr(training.os, "cpu_count", lambda: 2)
-
-    class Local(Exception):  # defined in a function: pickle cannot find it
-        pass
-
-    def failing(kind):
-        calls = []
-
-        def batches_until_failure(g):
-            calls.append(1)
-            if len(calls) == 8:  # training batches only: steps 0-6 train, the 8th step fails
-                if kind == "exit":
-                    os._exit(3)
-                raise (ValueError if kind == "value" else Local)(f"no batch at call {len(calls)}")
-            return batches(g)
-
-        run = trainer(tiny_gpt(9, dropout=0.0), steps=15, seed=9)
-        run.train_batches = batches_until_failure
-        return run
-
-    for kind, error, message in (
-        ("value", ValueError, "no batch at call 8"),
-        ("local", RuntimeError, "cannot be sent between processes(.|\n)*Local: no batch at call 8"),
-        ("exit", RuntimeError, "run 0 ended without a result \\(exit code 3\\)"),
-    ):
-        runs = [failing(kind), *_runs(seeds=(0, 1))]
-        with pytest.raises(error, match=message):
-            training.fit_together(runs)
-        assert [t.step for t in runs] == ([7, 15, 15] if kind != "exit" else [0, 15, 15])
-        if kind == "value":
-            assert runs[0].history.steps == [5]  # the one log before the failure came back with the state
-
-
-def test_an_interrupt_stops_the_runs_in_progress_and_starts_no_other(monkeypatch):
-    """Ctrl-C while fit_together waits: each run in progress stops after its current step and its trainer
-    holds that state (its weights moved, its history ends there); the runs not yet started stay at step 0;
-    no process is left behind."""
-    if not training.can_fork():
-        pytest.skip("forked runs need Linux")
-    monkeypatch.setattr(training.os, "cpu_count", lambda: 2)
-    runs = _runs(seeds=(0, 1, 2, 3), steps=100_000)
-    before = [_weights(t).clone() for t in runs]
-
-    def callback(t):
-        if t is runs[0] and t.step == 10:  # the runs are under way: interrupt this process, not theirs
-            threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
-
-    with pytest.raises(KeyboardInterrupt):
-        training.fit_together(runs, callback=callback)
-    assert multiprocessing.active_children() == []
-    for t, w in zip(runs[:2], before[:2], strict=True):
-        assert 10 <= t.step < 100_000 and not torch.equal(_weights(t), w)
-        assert t.history.steps[-1] <= t.step and t.model.training
-    assert [t.step for t in runs[2:]] == [0, 0]
-
-
-def test_threads_on_an_interrupt_cancel_the_runs_not_started(monkeypatch):
-    """Without fork (threads): Ctrl-C while waiting cancels the runs not yet started, and the thread count is
-    restored."""
-    import concurrent.futures
-    import time
-
-    monkeypatch.setattr(training.os, "cpu_count", lambda: 2)
-    monkeypatch.setattr(training, "can_fork", lambda: False)
-    started, release = [], threading.Event()
-
-    def held_fit(self, callback=None):
-        started.append(self)
-        release.wait(10)
-        return self.history
-
-    def interrupt(self, timeout=None):
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(Trainer, "fit", held_fit)
-    monkeypatch.setattr(concurrent.futures.Future, "exception", interrupt)
-    threads = torch.get_num_threads()
-    runs = _runs(seeds=(0, 1, 2, 3, 4, 5))
-    with pytest.raises(KeyboardInterrupt):
-        training.fit_together(runs)
-    assert torch.get_num_threads() == threads
-    release.set()  # the runs in progress finish
-    time.sleep(0.5)
-    assert 0 < len(started) <= 2  # at most one per worker; the other four were cancelled
-
-
-def test_fit_together_rejects_what_is_not_independent_runs():
-    with pytest.raises(TypeError, match="non-empty sequence of Trainer, got nothing"):
-        training.fit_together([])
-    with pytest.raises(TypeError, match="got GPT"):
-        training.fit_together([tiny_gpt()])
-    t = _runs(seeds=(0,))[0]
-    with pytest.raises(ValueError, match="same model"):
-        training.fit_together([t, t])
-    with pytest.raises(ValueError, match="workers"):
-        training.fit_together(_runs(), workers=0)
-
-
-def test_clip_gradients_equals_pytorchs_per_tensor_clipping():
-    """The multi-tensor path gives the same norm and the same clipped gradients as the per-tensor one."""
-    model_a, model_b = tiny_gpt(0, dropout=0.0), tiny_gpt(0, dropout=0.0)
-    x, y = batches(torch.Generator().manual_seed(0))
-    for m in (model_a, model_b):
-        (m(x, y)[1] * 100).backward()  # large gradients: clipping scales them
-    norm_a = training.clip_gradients(model_a.parameters(), 0.5, torch.device("cpu"))
-    norm_b = torch.nn.utils.clip_grad_norm_(model_b.parameters(), 0.5, foreach=False)
-    assert norm_a > 0.5
-    torch.testing.assert_close(norm_a, norm_b)
-    for p, q in zip(model_a.parameters(), model_b.parameters(), strict=True):
-        torch.testing.assert_close(p.grad, q.grad)
-
-
 def test_a_clipped_step_equals_pytorchs_loop_to_the_last_bit():
     """The Trainer clips over the parameters it was built with (a list kept from construction, in the
     model's order): the same norm, so the same weights, as clip_grad_norm_(model.parameters()) in a
@@ -889,28 +540,29 @@ import ctypes, resource, sys
 import torch
 from transformer_lib import GPT, GPTConfig, training
 from transformer_lib.text import random_blocks
-from transformer_lib.utils import _M_MMAP_THRESHOLD
+from transformer_lib.notebook.environment import _M_MMAP_THRESHOLD, keep_freed_memory
 # glibc's defaults fault a step's pages in anew in some runs and not in others (its threshold moves):
 # fix the threshold at its starting value, 128 KiB, so that they do in every run.
 ctypes.CDLL(None).mallopt(_M_MMAP_THRESHOLD, 128 << 10)
-if sys.argv[1] == "without":
-    training.keep_freed_memory = lambda: False  # the Trainer as it was before it kept freed memory
+if sys.argv[1] == "with":
+    assert keep_freed_memory()  # as setup_chapter does on a CPU
 torch.set_num_threads(1)
 torch.manual_seed(0)
 data = torch.randint(0, 65, (20_000,))
 model = GPT(GPTConfig(vocab_size=65, block_size=64, n_layers=2, n_heads=4, d_model=128))
-config = training.TrainConfig(max_steps=60, eval_interval=60, eval_steps=1, progress=False, amp=False)
+config = training.TrainConfig(max_steps=60, eval_interval=60, eval_steps=1, amp=False)
 trainer = training.Trainer(model, config, lambda g: random_blocks(data, 16, 64, g), device="cpu")
-trainer.fit(20)  # the first steps fault their pages in either way
+trainer.fit(20, progress=False)  # the first steps fault their pages in either way
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-trainer.fit(30)
+trainer.fit(30, progress=False)
 print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 30)
 """
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the C library is not glibc: nothing to keep")
-def test_a_cpu_trainer_keeps_freed_memory_so_its_steps_fault_no_pages():
-    # In a fresh process each: this process's allocator may already be set by earlier tests' Trainers.
+@pytest.mark.slow
+def test_keeping_freed_memory_makes_a_cpu_trainers_steps_fault_no_pages():
+    # In a fresh process each: this process's allocator may already be set (setup_chapter, earlier tests).
     faults = {}
     for how in ("with", "without"):
         done = subprocess.run([sys.executable, "-c", PAGE_FAULTS_PROBE, how], capture_output=True, text=True,
@@ -924,11 +576,20 @@ def test_a_cpu_trainer_keeps_freed_memory_so_its_steps_fault_no_pages():
 
 
 def test_keep_freed_memory_changes_nothing_where_the_c_library_is_not_glibc(monkeypatch):
-    from transformer_lib import utils
-
-    monkeypatch.setattr(utils.sys, "platform", "darwin")
-    utils.keep_freed_memory.cache_clear()
+    monkeypatch.setattr(environment.sys, "platform", "darwin")
+    environment.keep_freed_memory.cache_clear()
     try:
-        assert utils.keep_freed_memory() is False
+        assert environment.keep_freed_memory() is False
     finally:
-        utils.keep_freed_memory.cache_clear()
+        environment.keep_freed_memory.cache_clear()
+
+
+@pytest.mark.parametrize("device, kept", [("cpu", True), ("cuda", False)])
+def test_setup_chapter_keeps_freed_memory_on_a_cpu_only(monkeypatch, capsys, device, kept):
+    calls = []
+    monkeypatch.setattr(environment, "keep_freed_memory", lambda: calls.append(1) or True)
+    monkeypatch.setattr(environment, "get_device", lambda: torch.device(device))
+    monkeypatch.setattr(environment, "threads_for_a_busy_cpu", lambda: torch.get_num_threads())
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "a GPU")
+    assert environment.setup_chapter(seed=None) == torch.device(device)
+    assert calls == ([1] if kept else [])
