@@ -81,8 +81,10 @@ def check_state(
     A different training config is refused unless ``allow_config_change``."""
     if not all(name in state for name in STATE_FIELDS):
         raise CheckpointError(f"it is not a trainer state (Trainer.state_dict): it has {sorted(map(str, state))}")
-    if state["model_config"] != model_config:
-        raise CheckpointError(f"it is for another model config: {state['model_config']}, not {model_config}")
+    theirs_config, mine_config = state["model_config"] or {}, model_config or {}
+    differ = {k: (theirs_config.get(k), mine_config.get(k)) for k in {**theirs_config, **mine_config}}
+    if differ := {k: pair for k, pair in differ.items() if pair[0] != pair[1]}:
+        raise CheckpointError(f"it is for another model config ({{field: (the checkpoint's, this model's)}}: {differ})")
     mine = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     theirs = {name: tuple(t.shape) for name, t in state["model"].items() if isinstance(t, Tensor)}
     if mine != theirs:
