@@ -1,7 +1,6 @@
 """The checkers accept right answers and name the classic bugs in wrong ones, without crashing."""
 
 import ast
-import copy
 import functools
 import importlib
 import inspect
@@ -19,246 +18,46 @@ import numpy as np
 import pytest
 import torch
 
-from transformer_lib import (
-    KVCache,
-    causal_mask,
-    decoding,
-    scaled_dot_product_attention,
-    sinusoidal_encoding,
-)
-from transformer_lib.distillation import distillation_loss
-from transformer_lib.norms import LayerNorm
 from transformer_lib.notebook import exercises as ex
 from transformer_lib.notebook.exercises import (
     _framework,
     catalogue,
-    ch01_attention,
-    ch02_masking,
-    ch03_multi_head_attention,
-    ch04_positional_encoding,
-    ch05_norms_and_residuals,
-    ch06_encoder_decoder,
-    ch07_decoder_only,
-    ch08_training_at_scale,
-    ch09_inference_and_deployment,
-    ch10_encoder_only,
 )
-from transformer_lib.quantization import quantize_per_channel
-from transformer_lib.tasks import BOS, EOS, PAD
-
-
-def hf_encode_word(word: str, merges: list[tuple[str, str]]) -> list[str]:
-    """An independent BPE encoder: Hugging Face tokenizers' BPE model with the given merges."""
-    tokenizers = pytest.importorskip("tokenizers")
-    symbols = set(word) | {s for a, b in merges for s in (a, b, a + b)}
-    vocab = {s: i for i, s in enumerate(sorted(symbols))}
-    return [t.value for t in tokenizers.models.BPE(vocab, list(merges)).tokenize(word)]
-
-
-def library_gqa_step(attn, x, cache):
-    """One cached step of grouped-query self-attention, by the library's MultiHeadAttention and KVCache."""
-    kv_cache = KVCache() if cache is None else KVCache(*cache)
-    out = attn(x, cache=kv_cache, is_causal=True)
-    return out, (kv_cache.k, kv_cache.v)
-
-
-def unscaled_then_clipped_step(model, optimizer, scaler, x, y, max_norm):
-    """One fp16 step as PyTorch's AMP recipe writes it: unscale_ before clipping, then step and update."""
-    optimizer.zero_grad()
-    with torch.autocast("cpu", dtype=torch.float16):
-        loss = model(x, y)[1]
-    scaler.scale(loss).backward()
-    scaler.unscale_(optimizer)
-    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-    scaler.step(optimizer)
-    scaler.update()
-
-
-def alibi_by_hand(n_heads: int, T_q: int, T_k: int) -> torch.Tensor:
-    """ALiBi's bias with torch alone (check_alibi fails an answer that calls the library's): for n' the largest
-    power of two <= n_heads, the slopes 2^(-8 h / n'), h = 1 .. n', then 2^(-4 m / n'), m = 1, 3, 5, ..."""
-    n = 2 ** math.floor(math.log2(n_heads))
-    slopes = torch.cat(
-        [2.0 ** (-8 * torch.arange(1, n + 1) / n), 2.0 ** (-4 * (2 * torch.arange(n_heads - n) + 1) / n)]
-    )
-    distance = torch.arange(T_k - T_q, T_k)[:, None] - torch.arange(T_k)  # (T_q, T_k)
-    return -slopes[:, None, None] * distance
-
-
-def library_attention_shard(attn, x, rank, world_size):
-    """A process's share of attention split by heads: the library's layer with the other heads silenced (their
-    values zeroed, so they output nothing) and without the output bias, which the all-reduce adds once."""
-    mine = copy.deepcopy(attn)
-    per_process = attn.n_heads // world_size
-    others = torch.ones(attn.n_heads, dtype=torch.bool)
-    others[rank * per_process : (rank + 1) * per_process] = False
-    rows = others.repeat_interleave(attn.d_head)  # the value features of the other processes' heads
-    with torch.no_grad():
-        mine.v_proj.weight[rows] = 0
-        mine.v_proj.bias[rows] = 0
-        mine.out_proj.bias.zero_()
-    return mine(x, is_causal=True)
-
 
 # ---------------------------------------------------------------- the framework: @checker and the package layout
 
-CHAPTER_CHECKERS = {
-    ch01_attention: {"check_softmax", "check_score_std", "check_distance_attention"},
-    ch02_masking: {"check_decoder_mask", "check_cheating_positions", "check_packed_mask"},
-    ch03_multi_head_attention: {"check_split_heads", "check_multi_head_attention", "check_attention_crossover"},
-    ch04_positional_encoding: {
-        "check_sinusoidal_encoding",
-        "check_rope_permutation",
-        "check_alibi_share",
-        "check_alibi",
-    },
-    ch05_norms_and_residuals: {
-        "check_layer_norm_module",
-        "check_pre_ln_block",
-        "check_stream_growth",
-        "check_running_stats",
-    },
-    ch06_encoder_decoder: {"check_greedy_batch", "check_smoothed_loss", "check_beam_step"},
-    ch07_decoder_only: {"check_encode_word", "check_swiglu_hidden", "check_kv_cache_bytes", "check_gqa_step"},
-    ch08_training_at_scale: {
-        "check_amp_state_bytes",
-        "check_accumulate",
-        "check_scaled_step",
-        "check_attention_shard",
-        "check_one_f_one_b",
-    },
-    ch09_inference_and_deployment: {
-        "check_kv_cache_gib",
-        "check_quantize_per_group",
-        "check_soft_loss",
-        "check_accepted_tokens",
-        "check_batched_intensity",
-    },
-    ch10_encoder_only: {"check_empty_windows", "check_pseudo_log_likelihood", "check_last_vectors"},
-}
-
-# The library's own implementation of each exercise: every checker must accept it.
-REFERENCE_ANSWERS = {
-    "check_softmax": lambda scores: torch.softmax(scores, dim=-1),
-    "check_distance_attention": lambda q, k, v, temperature: scaled_dot_product_attention(
-        q, k, v, scale=2 / temperature, bias=-(k * k).sum(-1)[..., None, :] / temperature
-    ),  # -||q - k||² = 2 q·k - ||k||² - ||q||², and a softmax ignores ||q||², the same for a whole row
-    "check_decoder_mask": lambda tokens, pad_id: (  # by hand: the checker refuses the library's masks
-        torch.ones(tokens.shape[1], tokens.shape[1], dtype=torch.bool).tril() & (tokens != pad_id)[:, None, None, :]
-    ),
-    "check_packed_mask": lambda doc_ids: (
-        causal_mask(doc_ids.shape[1]) & (doc_ids[:, :, None] == doc_ids[:, None, :])[:, None]
-    ),
-    "check_split_heads": lambda x, h: x.view(*x.shape[:2], h, -1).transpose(1, 2).flatten(0, 1),
-    "check_multi_head_attention": lambda mha, query, key, value: mha(query, key, value),
-    "check_sinusoidal_encoding": sinusoidal_encoding,
-    "check_rope_permutation": lambda w, n_heads: w[torch.arange(w.shape[0]).view(n_heads, 2, -1).mT.flatten()],
-    "check_alibi": lambda n_heads, T_q, T_k: alibi_by_hand(n_heads, T_q, T_k),
-    "check_layer_norm_module": lambda features, eps: (lambda m: setattr(m, "alpha", m.weight) or m)(
-        LayerNorm(features, eps=eps)
-    ),  # the library's LayerNorm, its gain also under the tutorial's name
-    "check_pre_ln_block": lambda x, attention, ff, norm1, norm2, dropout: (lambda h: h + dropout(ff(norm2(h))))(
-        x + dropout(attention(norm1(x)))
-    ),
-    "check_running_stats": lambda x, mean, var, momentum: (
-        (1 - momentum) * mean + momentum * x.mean(dim=(0, 1)),
-        (1 - momentum) * var + momentum * x.var(dim=(0, 1)),
-    ),  # the checker compares with nn.BatchNorm1d's buffers
-    "check_greedy_batch": lambda model, src, max_len: decoding._greedy(model, src, max_len, BOS, EOS, PAD, True),
-    "check_beam_step": lambda scores, logp, k: (
-        lambda top, n, V: (top.values, torch.arange(len(scores))[:, None] * n + top.indices // V, top.indices % V)
-    )((scores[..., None] + logp.view(*scores.shape, -1)).flatten(1).topk(k), scores.shape[1], logp.shape[-1]),
-    "check_swiglu_hidden": lambda d_model, multiple_of: multiple_of * -(-int(8 * d_model / 3) // multiple_of),
-    "check_encode_word": lambda word, merges: hf_encode_word(word, merges),
-    "check_gqa_step": lambda attn, x, cache: library_gqa_step(attn, x, cache),
-    "check_accumulate": lambda model, micro_batches: [
-        (model(x, y)[1] * (y != -100).sum() / sum((t != -100).sum() for _, t in micro_batches)).backward()
-        for x, y in micro_batches
-    ],  # each micro-batch's mean loss weighted by its share of the batch's target tokens
-    "check_scaled_step": unscaled_then_clipped_step,
-    "check_attention_shard": library_attention_shard,
-    "check_one_f_one_b": lambda p, m: [  # 1F1B as a sort: stage s's backward of i comes after its forward of
-        sorted(  # i + p - s - 1 (or its last forward): the keys i and i + p - s - 1/2
-            [("F", i) for i in range(m)] + [("B", i) for i in range(m)],
-            key=lambda op, s=s: op[1] + (p - s - 0.5 if op[0] == "B" else 0),
-        )
-        for s in range(p)
-    ],
-    "check_quantize_per_group": lambda weight, group_size: (  # each group a row of the library's per-channel
-        lambda q, scale: (q.view(weight.shape), scale.view(weight.shape[0], -1))
-    )(*quantize_per_channel(weight.reshape(-1, group_size))),
-    "check_soft_loss": lambda student_logits, teacher_logits, T: distillation_loss(
-        student_logits, teacher_logits, torch.zeros(student_logits.shape[0], dtype=torch.long), T, alpha=1.0
-    ),  # the library's loss with only its soft term
-    "check_pseudo_log_likelihood": lambda logits_fn, ids, mask_id: sum(
-        logits_fn(ids.where(torch.arange(len(ids)) != t, mask_id)[None])[0, t].log_softmax(-1)[ids[t]]
-        for t in range(1, len(ids))
-    ),  # one forward pass per masked position, not a batch
-    "check_last_vectors": lambda hidden, attention_mask: torch.stack(
-        [hidden[b, attention_mask[b].nonzero().max()] for b in range(hidden.shape[0])]
-    ),  # the largest index of a real token, row by row
-    "check_accepted_tokens": lambda proposals, choices: choices[
-        : int((proposals == choices[:-1]).long().cumprod(0).sum()) + 1
-    ],  # the accepted proposals equal the target's choices: the agreeing prefix of choices, plus one
-}
-# The checkers of a value (``@checker(answer="value")``, "predict, then run"): a right prediction each.
-VALUE_ANSWERS: dict[str, object] = {
-    "check_stream_growth": math.sqrt(
-        (ch05_norms_and_residuals.STREAM_SETUP["n_blocks"] + 1) * ch05_norms_and_residuals.STREAM_SETUP["d_model"]
-    ),  # Pythagoras, 56: the measured stream in test_exercises_ch05.py follows it within 5%
-    "check_smoothed_loss": (lambda s: s["eps"] * (s["vocab_size"] - 1) / s["vocab_size"] * s["margin"])(
-        ch06_encoder_decoder.SMOOTHED_SETUP
-    ),  # eps (V - 1) / V * margin, compared with F.cross_entropy in test_exercises_ch06.py
-    "check_score_std": ch01_attention.score_std(
-        **ch01_attention.SCORE_STD_SETUP
-    ),  # compared with a measurement in test_exercises_ch01.py
-    "check_cheating_positions": ch02_masking.cheating_positions(
-        **ch02_masking.CHEATING_SETUP
-    ),  # compared with what attention under the mask lets through in test_exercises_ch02.py
-    "check_attention_crossover": ch03_multi_head_attention.attention_crossover(
-        ch03_multi_head_attention.CROSSOVER_SETUP["d_model"], ch03_multi_head_attention.CROSSOVER_SETUP["d_ff"]
-    ),  # compared with the library layer's counted products in test_exercises_ch03.py
-    "check_alibi_share": ch04_positional_encoding.alibi_recent_share(
-        **ch04_positional_encoding.ALIBI_SHARE_SETUP
-    ),  # compared with the closed form and an attention layer in test_exercises_ch04.py
-    "check_kv_cache_bytes": ch07_decoder_only.kv_cache_bytes_per_token(
-        **ch07_decoder_only.KV_MODEL, dtype=ch07_decoder_only.KV_DTYPE
-    ),  # the formula is compared with a measured library cache in test_exercises_ch07.py
-    "check_amp_state_bytes": ch08_training_at_scale.amp_state_bytes_per_parameter(),  # measured: test_exercises_ch08
-    "check_kv_cache_gib": ch09_inference_and_deployment.kv_cache_gib(
-        **ch09_inference_and_deployment.LONG_CACHE_SETUP
-    ),  # compared with the caches of a meta-device model in test_exercises_ch09.py
-    "check_batched_intensity": ch09_inference_and_deployment.batched_decode_intensity(
-        float("inf"), **ch09_inference_and_deployment.BATCH_CEILING_SETUP
-    ),  # compared with a count by hand and with large finite batches in test_exercises_ch09.py
-    "check_empty_windows": ch10_encoder_only.empty_share(
-        **ch10_encoder_only.EMPTY_SETUP
-    ),  # compared with windows masked by the library in test_exercises_ch10.py
-}
+CHAPTER_CHECKERS = {module: set(_framework.REGISTRY[module.__name__]) for module in ex.CHAPTER_MODULES}
+# The right answer beside each checker (``@checker(reference=...)``): every checker must accept it.
+REFERENCE_ANSWERS = {name: c.reference for name, c in ex.CHECKERS.items() if c.answer_kind == "function"}
+VALUE_ANSWERS = {name: c.reference for name, c in ex.CHECKERS.items() if c.answer_kind == "value"}
 CHECKERS = sorted(REFERENCE_ANSWERS)
 VALUE_CHECKERS = sorted(VALUE_ANSWERS)
 
 
 def test_package_exports_every_chapter_checker():
-    public = set().union(*CHAPTER_CHECKERS.values())
-    assert public == set(REFERENCE_ANSWERS) | set(VALUE_ANSWERS)
-    assert not set(REFERENCE_ANSWERS) & set(VALUE_ANSWERS)
-    for name in REFERENCE_ANSWERS:
-        assert getattr(ex, name).answer_kind == "function", name
-    for name in VALUE_ANSWERS:
-        assert getattr(ex, name).answer_kind == "value", name
-    assert set(ex.__all__) == public | {"Bug", "Checker", "CheckResult", "Hint", "bug_table", "checker"}
-    for name in public:
-        assert callable(getattr(ex, name)), name
+    assert len(ex.CHECKERS) == sum(map(len, CHAPTER_CHECKERS.values())) > 30  # no name in two chapters
+    assert set(ex.__all__) == set(ex.CHECKERS) | {"Bug", "Checker", "CheckResult", "Hint", "bug_table", "checker"}
+    for name, check in ex.CHECKERS.items():
+        assert getattr(ex, name) is check and check.reference is not None, name
+    chapters = sorted(p.stem for p in Path(_framework.__file__).parent.glob("ch[0-9]*.py"))
+    assert [m.__name__.rsplit(".", 1)[-1] for m in ex.CHAPTER_MODULES] == chapters
 
 
 @pytest.mark.parametrize("module", CHAPTER_CHECKERS, ids=lambda m: m.__name__.rsplit(".", 1)[-1])
 def test_chapter_module_holds_only_its_chapter_checkers(module):
     defined = {name for name, value in vars(module).items() if name.startswith("check_") and callable(value)}
     assert defined == CHAPTER_CHECKERS[module]
-    assert set(module.__all__) == CHAPTER_CHECKERS[module]
     for name in defined:
         assert getattr(module, name).__module__ == module.__name__, name  # defined there, not imported
+
+
+def test_a_checker_outside_the_chapters_is_not_registered():
+    @ex.checker(reference=abs)
+    def check_abs(c: ex.Checker, f) -> None:
+        """Check ``f``."""
+
+    assert check_abs.reference is abs and "check_abs" not in ex.CHECKERS
+    assert __name__ not in _framework.REGISTRY
 
 
 @pytest.mark.parametrize("name", CHECKERS + VALUE_CHECKERS)
@@ -455,13 +254,11 @@ def check_double(c: ex.Checker, double) -> None:
 
 
 def test_a_failed_check_prints_each_case_then_each_concept_once_and_keeps_the_fixes(capsys):
-    result = check_double(lambda x: x**2 if x < 5 else 3 * x)  # at x = 3, x squared is 3 x: the two bugs merge
+    result = check_double(lambda x: x**2 if x < 5 else 3 * x)  # at x = 3, x squared is 3 x: the first bug wins
     assert result.lines == [
         "  ❌ x = 3: expected 6 (within 1e-05), got 9",
         "  ❌ x = 4: expected 8 (within 1e-05), got 16",
         "  ❌ x = 5: expected 10 (within 1e-05), got 15",
-        f"  Hint: one of 2 mistakes that give this same result here: (1) {_ROWS.concept} Or (2) you tripled x: "
-        "reread 'Doubling'.",
         f"  Hint: {_ROWS.concept}",  # once, though two cases failed with it, in the order they came
         "  Hint: you tripled x: reread 'Doubling'.",
         "  For the fix in code: check_double.hint()",
@@ -485,6 +282,17 @@ def test_every_hint_of_a_case_may_have_two_levels(answer, concept, fix):
     result = check_double(answer)
     assert result.text.count(f"  Hint: {concept}") == 1 and fix not in result.text
     assert result.fixes == [fix] and result.lines[-1] == "  For the fix in code: check_double.hint()"
+
+
+def test_bugs_that_give_the_same_answer_and_need_the_same_fix_are_named_together():
+    c = ex.Checker("check_x")
+    same_fix = (ex.Bug(lambda: 9.0, ex.Hint("squared.", "2 * x")), ex.Bug(lambda: 9.0, ex.Hint("tripled.", "2 * x")))
+    c.case("x = 3", lambda: 9.0, 6.0, bugs=same_fix + (ex.Bug(lambda: 9.0, ex.Hint("plus three.", "x + x")),))
+    assert c.hints == [
+        ex.Hint("one of 2 mistakes that give this same result here: (1) squared. Or (2) tripled.", "2 * x")
+    ]
+    c.case("x = 4", lambda: 16.0, 8.0, bugs={16: "squared.", 12: "tripled."})  # a prediction's wrong values
+    assert c.hints[-1] == ex.Hint("squared.")
 
 
 def test_a_hint_without_a_fix_says_nothing_of_hint():
@@ -916,6 +724,7 @@ def test_the_guides_worked_example_runs_and_prints_what_the_guide_shows(capsys):
     def by_a_loop(x, mask):  # a right answer written another way than the reference
         return torch.stack([x[b, mask[b]].mean(dim=0) for b in range(x.shape[0])])
 
+    assert check_mean_pool(check_mean_pool.reference).passed and "check_mean_pool" not in ex.CHECKERS
     right = check_mean_pool(by_a_loop)
     assert right.passed and f"`{right.title}`" in text  # the guide quotes its first line
     for bug, hint in example["_MEAN_POOL_BUGS"].items():  # each row of the table names its bug, not its fix
@@ -1085,7 +894,9 @@ def _feedback_per_bug(check, monkeypatch) -> dict[str, str]:
 
     def replay(self, *args, **kwargs):
         bound = signature.bind(self, *args, **kwargs)
-        bugs = bound.arguments["bugs"] = tuple(bound.arguments.get("bugs", ()))
+        bugs = bound.arguments["bugs"] = _framework._as_bugs(
+            bound.arguments.get("bugs", ()), bound.arguments["expected"]
+        )
         bugs_seen.update(dict.fromkeys(map(_bug_key, bugs)))
         expected = bound.arguments["expected"]
         wrong = next((bug for bug in bugs if _bug_key(bug) == replaying[0]), None)

@@ -84,8 +84,8 @@ def test_encode_word_reference_equals_the_library_tokenizer_on_real_words():
 def test_encode_word_names_the_starter_bug():
     result = ex.check_encode_word(starter_encode)
     assert not result.passed
-    assert result.text.count("the rule of *training*") == 1  # where the most frequent pair is not the leftmost
-    assert result.text.count("or the most frequent one (on this word they coincide)") == 1  # on 'the'
+    assert result.text.count("Hint: you merge the pair that is most frequent in the word") == 1
+    assert result.text.count("one of 2 mistakes that give this same result here: (1) you merge the pair") == 1  # 'the'
     assert "Byte-pair encoding, by hand" in result.text and "rank.get" not in result.text  # no code of the fix
     assert result.fixes == [ch07_decoder_only._ENCODE_RULE_FIX] and "min(counts, key=rank.get)" in result.fixes[0]
 
@@ -122,7 +122,7 @@ def test_encode_word_names_leftmost_merging_and_single_passes():
 
     first = ex.check_encode_word(leftmost)
     assert not first.passed and "the position in the word is not what decides" in first.text, first.text
-    assert "the rule of *training*" not in first.text  # the bug of the starter is not blamed on it
+    assert "Hint: you merge the pair that is most frequent" not in first.text  # not blamed alone where they differ
     second = ex.check_encode_word(one_pass)
     assert not second.passed and "a merge applies to every occurrence" in second.text, second.text
 
@@ -180,12 +180,12 @@ def measured_kv_cache_bytes_per_token(n_tokens: int = 7) -> float:
 def test_kv_cache_bytes_formula_equals_a_measured_library_cache():
     measured = measured_kv_cache_bytes_per_token()
     m = ch07_decoder_only.KV_MODEL
-    assert measured == ch07_decoder_only.kv_cache_bytes_per_token(**m, dtype=ch07_decoder_only.KV_DTYPE) == 1024
+    assert measured == ch07_decoder_only._kv_bytes(m["n_kv_heads"], ch07_decoder_only.KV_DTYPE) == 1024
     result = ex.check_kv_cache_bytes(measured)
     assert result.passed and result.status == "passed", result.text
     assert ex.check_kv_cache_bytes(int(measured)).passed  # an int prediction is fine too
     # the chapter's own cache, as measured in its KV-cache cell: 2 x 4 layers x 128 x 4 bytes
-    chapter = ch07_decoder_only.kv_cache_bytes_per_token(4, 4, 128, 4, torch.float32)
+    chapter = ch07_decoder_only._kv_bytes(4, torch.float32)
     assert chapter == 4096
 
 

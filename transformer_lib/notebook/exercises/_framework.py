@@ -412,8 +412,9 @@ def _result_failure(got: Any, expected: Any, bugs: tuple[Bug, ...], hint: str | 
 
 
 def _hint_of_matching_bugs(got: Any, expected: Any, bugs: tuple[Bug, ...], atol: float) -> str | Hint:
-    """The hint of the bugs that give ``got`` (NaN read as 0: a softmax over all -inf still identifies the bug
-    that made it), merged into "one of" when several give it; a bug that is right on this case is skipped."""
+    """The hint of the first bug that gives ``got`` (NaN read as 0: a softmax over all -inf still identifies the
+    bug that made it), merged ("one of") with the later ones that give it too and have the same fix; a bug that
+    is right on this case is skipped. A table lists a combination of two bugs before either alone."""
     hints: list[Hint] = []
     for bug in bugs:
         try:
@@ -422,13 +423,13 @@ def _hint_of_matching_bugs(got: Any, expected: Any, bugs: tuple[Bug, ...], atol:
                 hints.append(_as_hint(bug.hint))
         except Exception:
             continue
-    hints = list(dict.fromkeys(hints))
-    if len(hints) <= 1:
-        return hints[0] if hints else ""
-    concepts = " Or ".join(f"({i}) {h.concept}" for i, h in enumerate(hints, 1))
-    fixes = list(dict.fromkeys(h.fix for h in hints if h.fix))
-    fix = fixes[0] if len(fixes) == 1 else " Or ".join(f"({i}) {f}" for i, f in enumerate(fixes, 1))
-    return Hint(f"one of {len(hints)} mistakes that give this same result here: {concepts}", fix)
+    if not hints:
+        return ""
+    same = list(dict.fromkeys(h for h in hints if h.fix == hints[0].fix))
+    if len(same) == 1:
+        return same[0]
+    concepts = " Or ".join(f"({i}) {h.concept}" for i, h in enumerate(same, 1))
+    return Hint(f"one of {len(same)} mistakes that give this same result here: {concepts}", same[0].fix)
 
 
 def _as_bugs(bugs: Iterable[Bug] | Mapping[Any, str | Hint], expected: Any) -> tuple[Bug, ...]:

@@ -13,9 +13,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from ...attention import scaled_dot_product_attention
 from ._framework import Bug, Checker, Hint, bug_table, checker
-
-__all__ = ["check_softmax", "check_score_std", "check_distance_attention"]
 
 ANSWER_MARKERS: dict[str, tuple[str, ...]] = {  # exercise label -> what gives its answer away
     "ex-softmax": ("max(dim=-1, keepdim=True)", "max(-1, keepdim=True)", "sum(dim=-1, keepdim=True)"),
@@ -106,7 +105,7 @@ def _softmax_error_hint(error: Exception) -> Hint | str:
     return ""
 
 
-@checker(starter=SOFTMAX_STARTER)
+@checker(starter=SOFTMAX_STARTER, reference=lambda scores: torch.softmax(scores, dim=-1))
 def check_softmax(c: Checker, softmax: Callable[[Tensor], Tensor]) -> None:
     """Check ``softmax(scores) -> weights`` over the last axis, numerically stable for every row.
 
@@ -159,7 +158,7 @@ def score_std(d_model: int, d_k: int, x_std: float = 1.0, w_std: float = 1.0) ->
     return math.sqrt(d_k * entry_variance**2 / d_k)
 
 
-@checker(answer="value")
+@checker(answer="value", reference=score_std(**SCORE_STD_SETUP))  # measured in test_exercises_ch01.py
 def check_score_std(c: Checker, prediction: float) -> None:
     """Check ``prediction``, the standard deviation of the scaled scores q·k / sqrt(d_k) when q = x W_q and
     k = x' W_k with x, x' of d_model = 64 and W_q, W_k of shape (64, 16), every entry drawn from N(0, 1)."""
@@ -253,6 +252,12 @@ _DISTANCE_BUGS = {  # bug -> hint, for _wrong_distance_attention(..., bug=bug)
 }
 
 
+def _distance_by_dot_products(q: Tensor, k: Tensor, v: Tensor, temperature: float) -> tuple[Tensor, Tensor]:
+    """The library's attention: -||q - k||² = 2 q·k - ||k||² - ||q||², and a softmax ignores ||q||², one per row."""
+    bias = -(k * k).sum(-1)[..., None, :] / temperature
+    return scaled_dot_product_attention(q, k, v, scale=2 / temperature, bias=bias)
+
+
 _PACKAGE_DIRS = (Path(torch.__file__).resolve().parent, Path(__file__).resolve().parent)
 
 
@@ -285,7 +290,7 @@ def _distance_error_hint(error: Exception) -> Hint:
     )
 
 
-@checker
+@checker(reference=_distance_by_dot_products)
 def check_distance_attention(c: Checker, distance_attention: Callable[..., tuple[Tensor, Tensor]]) -> None:
     """Check ``distance_attention(q, k, v, temperature) -> (out, weights)``, attention whose score for query i and
     key j is -||q_i - k_j||² / temperature.

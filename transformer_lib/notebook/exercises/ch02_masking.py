@@ -4,18 +4,13 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
-from types import FrameType
-from typing import Any
 
 import torch
 from torch import Tensor
 
 from ...masks import causal_mask, combine_masks, padding_mask, prefix_lm_mask
 from ._framework import Bug, Checker, Hint, bug_table, checker
-
-__all__ = ["check_decoder_mask", "check_cheating_positions", "check_packed_mask"]
 
 ANSWER_MARKERS: dict[str, tuple[str, ...]] = {  # exercise label -> what gives its answer away
     "ex-decoder-mask": ("[:, None, None, :]", "~torch.triu(", "torch.tril(torch.ones(T, T"),
@@ -117,25 +112,13 @@ def _decoder_mask_bugs(tokens: Tensor, pad_id: int) -> tuple[Bug, ...]:
     return tuple(bugs)
 
 
-_LIBRARY_MASKS = {f.__code__: f.__name__ for f in (causal_mask, padding_mask, combine_masks, prefix_lm_mask)}
+def _decoder_mask_by_hand(tokens: Tensor, pad_id: int) -> Tensor:
+    """By hand: the checker refuses the library's masks."""
+    T = tokens.shape[1]
+    return torch.ones(T, T, dtype=torch.bool).tril() & (tokens != pad_id)[:, None, None, :]
 
 
-def _watching_library_masks(called: set[str], fn: Callable[..., Any], /, *args: Any) -> Any:
-    """``fn(*args)``, adding to ``called`` the name of each of the library's mask functions that it calls."""
-
-    def profile(frame: FrameType, event: str, arg: Any) -> None:
-        if event == "call" and frame.f_code in _LIBRARY_MASKS:
-            called.add(_LIBRARY_MASKS[frame.f_code])
-
-    previous = sys.getprofile()
-    sys.setprofile(profile)
-    try:
-        return fn(*args)
-    finally:
-        sys.setprofile(previous)
-
-
-@checker(starter=DECODER_MASK_STARTER)
+@checker(starter=DECODER_MASK_STARTER, reference=_decoder_mask_by_hand)
 def check_decoder_mask(c: Checker, decoder_mask: Callable[[Tensor, int], Tensor]) -> None:
     """Check ``decoder_mask(tokens, pad_id) -> (B, 1, T, T)`` boolean: True where query i may attend to key j,
     that is j <= i and token j is not padding, built without the library's masks (which hold the answer).
@@ -148,29 +131,29 @@ def check_decoder_mask(c: Checker, decoder_mask: Callable[[Tensor, int], Tensor]
         ("left padding, as for batched generation, pad_id=0", torch.tensor([[0, 0, 4, 6, 1], [0, 5, 3, 8, 2]]), 0),
         ("left and right padding, pad_id=3", torch.tensor([[3, 1, 2, 3], [4, 5, 6, 7], [3, 3, 8, 9]]), 3),
     )
-    called: set[str] = set()  # the library's mask functions that the answer calls
-    for name, tokens, pad_id in cases:
-        c.case(
-            name,
-            lambda tokens, pad_id: _watching_library_masks(called, decoder_mask, tokens, pad_id),
-            combine_masks(causal_mask(tokens.shape[1]), padding_mask(tokens, pad_id)),
-            bugs=_decoder_mask_bugs(tokens, pad_id),
-            hint=Hint(
-                "query i may attend to key j when j <= i and token j is not padding: a causal part AND a padding "
-                "part, with True = may attend (reread 'Combining masks').",
-                "causal & not_padding, with causal = torch.tril(torch.ones(T, T, dtype=torch.bool)) and the "
-                "padding keys hidden: not_padding = (tokens != pad_id)[:, None, None, :].",
-            ),
-            inputs={"tokens": tokens, "pad_id": pad_id},
-        )
-    if called:  # right values, perhaps, but no bug found: one more failed case
-        c.case(
-            "fixed by hand, without transformer_lib's mask functions",
-            lambda: sorted(called),
-            [],
-            hint="the exercise asks you to find the two bugs of the ported code and fix them; the library's "
-            "causal_mask, padding_mask and combine_masks already hold the answer, so calling them fixes nothing.",
-        )
+    with c.refuse_library_calls(
+        causal_mask,
+        padding_mask,
+        combine_masks,
+        prefix_lm_mask,
+        name="fixed by hand, without transformer_lib's mask functions",
+        hint="the exercise asks you to find the two bugs of the ported code and fix them; the library's "
+        "causal_mask, padding_mask and combine_masks already hold the answer, so calling them fixes nothing.",
+    ):
+        for name, tokens, pad_id in cases:
+            c.case(
+                name,
+                lambda tokens, pad_id: decoder_mask(tokens, pad_id),
+                combine_masks(causal_mask(tokens.shape[1]), padding_mask(tokens, pad_id)),
+                bugs=_decoder_mask_bugs(tokens, pad_id),
+                hint=Hint(
+                    "query i may attend to key j when j <= i and token j is not padding: a causal part AND a "
+                    "padding part, with True = may attend (reread 'Combining masks').",
+                    "causal & not_padding, with causal = torch.tril(torch.ones(T, T, dtype=torch.bool)) and the "
+                    "padding keys hidden: not_padding = (tokens != pad_id)[:, None, None, :].",
+                ),
+                inputs={"tokens": tokens, "pad_id": pad_id},
+            )
 
 
 # ---------------------------------------------------------------- Predict, then run: positions that cheat
@@ -186,7 +169,7 @@ def cheating_positions(T_in: int, prefix_len: int) -> int:
     return sum(bool(mask[t, t + 1]) for t in range(T_in - 1))  # the last target is not among the inputs
 
 
-@checker(answer="value")
+@checker(answer="value", reference=cheating_positions(**CHEATING_SETUP))  # measured: test_exercises_ch02.py
 def check_cheating_positions(c: Checker, prediction: int) -> None:
     """Check ``prediction``, the number of positions (of 7) at which chapter 2's TinyLM, trained on random tokens
     with ``prefix_lm_mask(7, prefix_len=4)`` instead of the causal mask, learns to copy its target."""
@@ -268,7 +251,9 @@ _PACKED_BUGS = {  # bug -> hint, for _wrong_packed_mask(..., bug=bug)
 }
 
 
-@checker
+@checker(
+    reference=lambda doc_ids: causal_mask(doc_ids.shape[1]) & (doc_ids[:, :, None] == doc_ids[:, None, :])[:, None]
+)
 def check_packed_mask(c: Checker, packed_mask: Callable[[Tensor], Tensor]) -> None:
     """Check ``packed_mask(doc_ids) -> (B, 1, T, T)`` boolean: True where query i may attend to key j, that is
     j <= i and positions i and j belong to the same document (``doc_ids[b, i] == doc_ids[b, j]``).

@@ -13,8 +13,6 @@ from torch import Tensor
 from ...attention import MultiHeadAttention, scaled_dot_product_attention
 from ._framework import Bug, Checker, Hint, bug_table, checker
 
-__all__ = ["check_split_heads", "check_multi_head_attention", "check_attention_crossover"]
-
 ANSWER_MARKERS: dict[str, tuple[str, ...]] = {  # exercise label -> what gives its answer away
     "ex-split-heads": ("stack(x.split(d_head, dim=-1), dim=1)", "reshape(B * n_heads, T, d_head)", "example-major"),
     "ex-cross-attention": ("t.shape[1]", "key.shape[1]", "view(batch_size, t.shape"),
@@ -88,7 +86,7 @@ _SPLIT_BUGS = {  # bug -> hint, for _fold(..., bug=bug)
 }
 
 
-@checker(starter=SPLIT_HEADS_STARTER)
+@checker(starter=SPLIT_HEADS_STARTER, reference=lambda x, h: x.view(*x.shape[:2], h, -1).transpose(1, 2).flatten(0, 1))
 def check_split_heads(c: Checker, split_heads: Callable[[Tensor, int], Tensor]) -> None:
     """Check ``split_heads(x, n_heads)``, which folds the heads into the batch for ``torch.bmm``: row
     ``b * n_heads + h`` of the result is head h of example b, the features h * d_head to (h + 1) * d_head - 1 of
@@ -197,7 +195,7 @@ _MHA_BUGS = {  # bug -> hint, for _mha_by_hand(..., bug=bug)
 }
 
 
-@checker(starter=MHA_FORWARD_STARTER)
+@checker(starter=MHA_FORWARD_STARTER, reference=lambda mha, query, key, value: mha(query, key, value))
 def check_multi_head_attention(c: Checker, mha_forward: Callable[..., Tensor]) -> None:
     """Check ``mha_forward(mha, query, key, value)`` computing multi-head attention by hand.
 
@@ -251,7 +249,7 @@ def attention_crossover(d_model: int, d_ff: int) -> float:
     return float(2 * d_model + d_ff)
 
 
-@checker(answer="value")
+@checker(answer="value", reference=attention_crossover(CROSSOVER_SETUP["d_model"], CROSSOVER_SETUP["d_ff"]))
 def check_attention_crossover(c: Checker, prediction: float) -> None:
     """Check ``prediction``, the sequence length T at which the attention products (scores and weighted sum of the
     values) of all-MiniLM-L6-v2's encoder layer (d_model 384, 12 heads, d_ff 1536) cost as many multiply-adds as

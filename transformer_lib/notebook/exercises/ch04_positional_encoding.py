@@ -6,10 +6,8 @@ nearby) and ``check_alibi`` (ALiBi's bias for any number of heads, with a cache,
 from __future__ import annotations
 
 import functools
-import inspect
 import math
 from collections.abc import Callable
-from types import CodeType
 from typing import Any
 
 import numpy as np
@@ -17,10 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ...positional import RotaryEmbedding, alibi_bias, alibi_slopes, sinusoidal_encoding
+from ...positional import ALiBi, RotaryEmbedding, alibi_bias, alibi_slopes, sinusoidal_encoding
 from ._framework import Bug, Checker, Hint, bug_table, checker
-
-__all__ = ["check_sinusoidal_encoding", "check_rope_permutation", "check_alibi_share", "check_alibi"]
 
 ANSWER_MARKERS: dict[str, tuple[str, ...]] = {  # exercise label -> what gives its answer away
     "ex-sinusoidal": ("-(np.log(10000.0) / d_model)", "-np.log(10000", "np.exp(-np.arange", "the minus sign"),
@@ -130,7 +126,7 @@ _SINUSOIDAL_BUGS = {  # bug -> hint, for _sinusoidal(..., bug=bug)
 }
 
 
-@checker(starter=SINUSOIDAL_STARTER)
+@checker(starter=SINUSOIDAL_STARTER, reference=sinusoidal_encoding)
 def check_sinusoidal_encoding(c: Checker, encoding: Callable[[int, int], Any]) -> None:
     """Check ``encoding(max_len, d_model) -> PE`` of Vaswani et al.: PE[pos, 2i] = sin(pos / 10000^(2i/d_model)),
     PE[pos, 2i+1] = cos(pos / 10000^(2i/d_model)), as a NumPy array or a tensor.
@@ -222,7 +218,7 @@ _ROPE_BUGS = {  # bug -> hint, for _convert(..., bug=bug)
 }
 
 
-@checker
+@checker(reference=lambda w, n_heads: w[torch.arange(w.shape[0]).view(n_heads, 2, -1).mT.flatten()])
 def check_rope_permutation(c: Checker, to_interleaved: Callable[[Tensor, int], Tensor]) -> None:
     """Check ``to_interleaved(w, n_heads)``: the weight (d_model, d_in) or bias (d_model,) of a query or key
     projection trained with the half-split RoPE layout (dimension i of a head turns with i + d_head/2), its rows
@@ -291,7 +287,7 @@ def alibi_recent_share(n_heads: int, T: int, last: int) -> tuple[float, float]:
     return share[0].item(), share[-1].item()
 
 
-@checker(answer="value")
+@checker(answer="value", reference=alibi_recent_share(**ALIBI_SHARE_SETUP))  # closed form: test_exercises_ch04
 def check_alibi_share(c: Checker, prediction: tuple[float, float]) -> None:
     """Check ``prediction = (steepest, flattest)``: with ALiBi's 8 heads and every raw score equal, the share of
     its attention that the query at position 63 puts on the 5 most recent keys (positions 59 to 63), in head 0
@@ -404,23 +400,34 @@ _ALIBI_BUGS = {  # bug -> hint, for _alibi(..., bug=bug)
         "leave the entries j > i as -s_h (i - j), positive.",
     ),
 }
-_LIBRARY = ("alibi_bias", "alibi_slopes", "ALiBi")
 
 
-def names_used(function: Any) -> set[str]:
-    """The global and attribute names that ``function``'s code refers to, nested functions included (empty for
-    anything without code): how a checker tells an answer that calls the function it should write."""
-    code = getattr(inspect.unwrap(function), "__code__", None) if callable(function) else None
-    names: set[str] = set()
-    stack = [code] if isinstance(code, CodeType) else []
-    while stack:
-        code = stack.pop()
-        names.update(code.co_names)
-        stack.extend(const for const in code.co_consts if isinstance(const, CodeType))
-    return names
+def _alibi_by_hand(n_heads: int, T_q: int, T_k: int) -> Tensor:
+    """ALiBi's bias with torch alone: for n' the largest power of two <= n_heads, the slopes 2^(-8 h / n'),
+    h = 1 .. n', then 2^(-4 m / n'), m = 1, 3, 5, ..."""
+    n = 2 ** math.floor(math.log2(n_heads))
+    slopes = torch.cat(
+        [2.0 ** (-8 * torch.arange(1, n + 1) / n), 2.0 ** (-4 * (2 * torch.arange(n_heads - n) + 1) / n)]
+    )
+    distance = torch.arange(T_k - T_q, T_k)[:, None] - torch.arange(T_k)  # (T_q, T_k)
+    return -slopes[:, None, None] * distance
 
 
-@checker
+_ALIBI_CASES = (  # (name, n_heads, T_q, T_k)
+    ("8 heads, T_q = T_k = 5 (the chapter's table)", 8, 5, 5),
+    ("6 heads: not a power of two", 6, 4, 4),
+    ("12 heads, 1 new query after 6 cached keys", 12, 1, 7),
+    ("3 heads, 3 new queries, 8 keys", 3, 3, 8),
+)
+_ALIBI_HINT = Hint(
+    "compare your slopes with the ones the chapter printed for 6 heads, and your table for 8 heads with "
+    f"the chapter's; {_ALIBI_SECTION}.",
+    _ALIBI_SLOPES_FIX + "; i = arange(T_k - T_q, T_k)[:, None], j = arange(T_k)[None, :]; "
+    "bias = -slopes[:, None, None] * (i - j).",
+)
+
+
+@checker(reference=_alibi_by_hand)
 def check_alibi(c: Checker, alibi: Callable[[int, int, int], Tensor]) -> None:
     """Check ``alibi(n_heads, T_q, T_k) -> bias``: ALiBi's bias -s_h (i - j) for the T_q newest queries of a
     sequence of T_k positions (query t at position i = T_k - T_q + t, key j = 0 .. T_k - 1), with the slopes s_h of
@@ -429,30 +436,19 @@ def check_alibi(c: Checker, alibi: Callable[[int, int, int], Tensor]) -> None:
 
     Shapes: returns (n_heads, T_q, T_k).
     """
-    used = sorted(names_used(alibi) & set(_LIBRARY))
-    if used:  # a case only when it fails: an answer written with torch alone gets no line for it
-        c.case(
-            "built with torch alone, without the library's ALiBi",
-            lambda: used,
-            [],
-            hint="the exercise asks you to build the bias yourself: the library's functions are what the checker "
-            "compares your bias with.",
-        )
-    for name, n_heads, T_q, T_k in (
-        ("8 heads, T_q = T_k = 5 (the chapter's table)", 8, 5, 5),
-        ("6 heads: not a power of two", 6, 4, 4),
-        ("12 heads, 1 new query after 6 cached keys", 12, 1, 7),
-        ("3 heads, 3 new queries, 8 keys", 3, 3, 8),
+    with c.refuse_library_calls(
+        alibi_bias,
+        alibi_slopes,
+        ALiBi,
+        name="built with torch alone, without the library's ALiBi",
+        hint="the exercise asks you to build the bias yourself: the library's functions are what the checker "
+        "compares your bias with.",
     ):
-        c.case(
-            name,
-            lambda h=n_heads, q=T_q, k=T_k: alibi(h, q, k),
-            alibi_bias(alibi_slopes(n_heads), T_q, T_k, offset=T_k - T_q),
-            bugs=bug_table(_ALIBI_BUGS, _alibi, n_heads, T_q, T_k),
-            hint=Hint(
-                "compare your slopes with the ones the chapter printed for 6 heads, and your table for 8 heads with "
-                f"the chapter's; {_ALIBI_SECTION}.",
-                _ALIBI_SLOPES_FIX + "; i = arange(T_k - T_q, T_k)[:, None], j = arange(T_k)[None, :]; "
-                "bias = -slopes[:, None, None] * (i - j).",
-            ),
-        )
+        for name, n_heads, T_q, T_k in _ALIBI_CASES:
+            c.case(
+                name,
+                lambda h=n_heads, q=T_q, k=T_k: alibi(h, q, k),
+                alibi_bias(alibi_slopes(n_heads), T_q, T_k, offset=T_k - T_q),
+                bugs=bug_table(_ALIBI_BUGS, _alibi, n_heads, T_q, T_k),
+                hint=_ALIBI_HINT,
+            )

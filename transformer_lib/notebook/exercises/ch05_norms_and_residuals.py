@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -16,8 +17,6 @@ from ...attention import MultiHeadAttention
 from ...layers import FeedForward
 from ...norms import LayerNorm
 from ._framework import Bug, Checker, Hint, bug_table, checker
-
-__all__ = ["check_layer_norm_module", "check_pre_ln_block", "check_stream_growth", "check_running_stats"]
 
 ANSWER_MARKERS: dict[str, tuple[str, ...]] = {  # exercise label -> what gives its answer away
     "ex-fix-layer-norm": ("torch.ones(features)", "torch.zeros(features)", "one number each"),
@@ -121,7 +120,14 @@ def _layer_norm_error_hint(e: Exception) -> Hint | str:
     return ""
 
 
-@checker(starter=LAYER_NORM_STARTER)
+def _library_layer_norm(features: int, eps: float) -> LayerNorm:
+    """The library's LayerNorm, its gain also under the tutorial's name, ``alpha``."""
+    norm = LayerNorm(features, eps=eps)
+    norm.alpha = norm.weight
+    return norm
+
+
+@checker(starter=LAYER_NORM_STARTER, reference=_library_layer_norm)
 def check_layer_norm_module(c: Checker, layer_norm_class: Callable[..., nn.Module]) -> None:
     """Check ``layer_norm_class``, a LayerNorm module class: ``layer_norm_class(features, eps=...)`` must equal
     ``nn.LayerNorm(features, eps=eps)``, with its gain and shift named ``alpha`` and ``bias``.
@@ -257,7 +263,12 @@ _PRE_LN_BUGS = {  # bug -> hint, for _pre_ln(..., bug=bug)
 }
 
 
-@checker(starter=PRE_LN_STARTER)
+@checker(
+    starter=PRE_LN_STARTER,
+    reference=lambda x, attention, ff, norm1, norm2, dropout: (lambda h: h + dropout(ff(norm2(h))))(
+        x + dropout(attention(norm1(x)))
+    ),
+)
 def check_pre_ln_block(c: Checker, pre_ln_block: Callable[..., Tensor]) -> None:
     """Check ``pre_ln_block(x, attention, ff, norm1, norm2, dropout)``: two Pre-LN residual blocks with residual
     dropout, ``x = x + dropout(attention(norm1(x)))`` then ``x + dropout(ff(norm2(x)))``.
@@ -324,7 +335,7 @@ def stream_norm(n_tokens: int, d_model: int, n_blocks: int, seed: int = 0) -> li
     return norms
 
 
-@checker(answer="value")
+@checker(answer="value", reference=math.sqrt((STREAM_SETUP["n_blocks"] + 1) * STREAM_SETUP["d_model"]))  # Pythagoras
 def check_stream_growth(c: Checker, prediction: float) -> None:
     """Check ``prediction``, the mean norm of the residual stream after 48 Pre-LN blocks x <- x + LN(x) Q_l
     (Q_l random orthogonal, LN without gain or shift), from 256 tokens x_0 of d_model = 64 N(0, 1) features."""
@@ -416,7 +427,12 @@ def _batch_norm_stats(x: Tensor, mean0: Tensor, var0: Tensor, momentum: float) -
     return bn.running_mean.clone(), bn.running_var.clone()
 
 
-@checker
+@checker(
+    reference=lambda x, mean, var, momentum: (
+        (1 - momentum) * mean + momentum * x.mean(dim=(0, 1)),
+        (1 - momentum) * var + momentum * x.var(dim=(0, 1)),
+    )
+)  # compared with nn.BatchNorm1d's buffers
 def check_running_stats(c: Checker, update_running_stats: Callable[..., tuple[Tensor, Tensor]]) -> None:
     """Check ``update_running_stats(x, running_mean, running_var, momentum) -> (new_mean, new_var)``: the running
     statistics after one training step of ``nn.BatchNorm1d`` on a batch of sequences.

@@ -11,11 +11,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ... import decoding
 from ...tasks import ALPHABETS, BOS, EOS, PAD, Seq2SeqTokenizer
 from ._framework import Bug, Checker, Hint, bug_table, checker
-from .ch04_positional_encoding import names_used
-
-__all__ = ["check_greedy_batch", "check_smoothed_loss", "check_beam_step"]
 
 ANSWER_MARKERS: dict[str, tuple[str, ...]] = {  # exercise label -> what gives its answer away
     "ex-greedy-batch": ("masked_fill(finished", "finished.all()", "masked_fill(done", "done.all()", "cut short"),
@@ -139,10 +137,12 @@ _GREEDY_CASES = (  # (name, sources (B, S) padded with PAD, max_len)
      [[5, 6, 7, 8, 9], [10, 4, 0, 0, 0], [7, 7, 8, 11, 0]], 8),
     ("a row that does not end within max_len = 5", [[5, 6, 7, 8, 9, 10, 11], [9, 4, 0, 0, 0, 0, 0]], 5),
 )  # fmt: skip
-_LIBRARY_DECODERS = ("greedy_decode", "beam_search")
 
 
-@checker(starter=GREEDY_STARTER)
+@checker(
+    starter=GREEDY_STARTER,
+    reference=lambda model, src, max_len: decoding._greedy(model, src, max_len, BOS, EOS, PAD, True),
+)
 def check_greedy_batch(c: Checker, greedy_batch: Callable[[nn.Module, Tensor, int], Tensor]) -> None:
     """Check ``greedy_batch(model, src, max_len)``: greedy decoding of a batch, as
     ``transformer_lib.decoding.greedy_decode(model, src, max_len, bos_id=BOS, eos_id=EOS)`` returns it (``<bos>``,
@@ -151,31 +151,30 @@ def check_greedy_batch(c: Checker, greedy_batch: Callable[[nn.Module, Tensor, in
 
     The model is a stand-in that writes its source back, then ``<eos>``. Shapes: src (B, S) -> (B, <= max_len + 1).
     """
-    used = sorted(names_used(greedy_batch) & set(_LIBRARY_DECODERS))
-    if used:  # a case only when it fails
-        c.case(
-            "a loop of your own, without the library's decoders",
-            lambda: used,
-            [],
-            hint="the exercise asks you to fix the loop: the library's decoder is what the checker compares it with.",
-        )
     model = _CopyModel()
-    for name, src, max_len in _GREEDY_CASES:
-        src = torch.tensor(src)
-        c.case(
-            name,
-            lambda model, src, max_len: greedy_batch(model, src, max_len),
-            _greedy_batch(model, src, max_len),
-            bugs=bug_table(_GREEDY_BUGS, _greedy_batch, model, src, max_len),
-            hint=Hint(
-                "each row ends at its own <eos>: after it the row holds <pad>, and the loop stops once every row "
-                f"has ended; {_DECODING}.",
-                _GREEDY_FIX + ".",
-            ),
-            error_hint="the model is called as in the chapter: memory = model.encode(src), then "
-            "model.decode(ys, memory, src), whose logits have shape (B, T, V).",
-            inputs={"model": model, "src": src, "max_len": max_len},
-        )
+    refusal = c.refuse_library_calls(
+        decoding.greedy_decode,
+        decoding.beam_search,
+        name="a loop of your own, without the library's decoders",
+        hint="the exercise asks you to fix the loop: the library's decoder is what the checker compares it with.",
+    )
+    with refusal:
+        for name, src, max_len in _GREEDY_CASES:
+            src = torch.tensor(src)
+            c.case(
+                name,
+                lambda model, src, max_len: greedy_batch(model, src, max_len),
+                _greedy_batch(model, src, max_len),
+                bugs=bug_table(_GREEDY_BUGS, _greedy_batch, model, src, max_len),
+                hint=Hint(
+                    "each row ends at its own <eos>: after it the row holds <pad>, and the loop stops once every row "
+                    f"has ended; {_DECODING}.",
+                    _GREEDY_FIX + ".",
+                ),
+                error_hint="the model is called as in the chapter: memory = model.encode(src), then "
+                "model.decode(ys, memory, src), whose logits have shape (B, T, V).",
+                inputs={"model": model, "src": src, "max_len": max_len},
+            )
 
 
 # ---------------------------------------------------------------- Predict, then run: a sure prediction, smoothed
@@ -197,7 +196,10 @@ def smoothed_loss(margin: float, eps: float, vocab_size: int) -> float:
     return F.cross_entropy(logits, torch.tensor([0]), label_smoothing=eps).item()
 
 
-@checker(answer="value")
+@checker(
+    answer="value",
+    reference=(lambda s: s["eps"] * (s["vocab_size"] - 1) / s["vocab_size"] * s["margin"])(SMOOTHED_SETUP),
+)
 def check_smoothed_loss(c: Checker, prediction: float) -> None:
     """Check ``prediction``, the label-smoothed loss (eps = 0.1) of a prediction that is sure and right: the
     right token's logit 20 above every other, over the 42-token vocabulary of chapter 6's dates task."""
@@ -298,7 +300,14 @@ _BEAM_BUGS = {  # bug -> hint, for _beam_step(..., bug=bug)
 }
 
 
-@checker
+def _beam_step_by_topk(scores: Tensor, logp: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Another way: the top k of each example's (beam, token) sums, rows numbered example after example."""
+    n, V = scores.shape[1], logp.shape[-1]
+    top = (scores[..., None] + logp.view(*scores.shape, -1)).flatten(1).topk(k)
+    return top.values, torch.arange(len(scores))[:, None] * n + top.indices // V, top.indices % V
+
+
+@checker(reference=_beam_step_by_topk)
 def check_beam_step(c: Checker, beam_step: Callable[..., tuple[Tensor, Tensor, Tensor]]) -> None:
     """Check ``beam_step(scores, logp, k) -> (new_scores, rows, tokens)``, one step of beam search for a batch.
 

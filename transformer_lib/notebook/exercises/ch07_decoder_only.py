@@ -17,9 +17,8 @@ from torch import Tensor
 
 from ...attention import KVCache, MultiHeadAttention
 from ...masks import causal_mask
-from ._framework import Bug, Checker, Hint, bug_table, checker
-
-__all__ = ["check_encode_word", "check_swiglu_hidden", "check_kv_cache_bytes", "check_gqa_step"]
+from ...memory import kv_cache_bytes_per_token
+from ._framework import Checker, Hint, bug_table, checker
 
 ANSWER_MARKERS: dict[str, tuple[str, ...]] = {  # exercise label -> strings that would give its answer away
     "ex-bpe-encode": ("rank.get", "key=rank", '["t", "he"]', "earliest-learned"),
@@ -107,15 +106,6 @@ _ENCODE_BUGS = {  # bug -> hint, for _encode_word(..., bug=bug)
         "while some adjacent pair is in merges: merge the earliest-learned one everywhere, left to right.",
     ),
 }
-_COUNT_OR_LEFTMOST_BUGS = {  # for the words on which the two wrong rules agree
-    "leftmost": Hint(
-        "you merge the leftmost pair that has a merge, or the most frequent one (on this word they coincide): "
-        "neither decides which merge comes first. Reread 'Byte-pair encoding, by hand' for what the order of "
-        "bpe.merges() records.",
-        _ENCODE_RULE_FIX,
-    ),
-    "once": _ENCODE_BUGS["once"],
-}
 _ENCODE_HINT = Hint(
     "encoding a word must give it the tokens that training would have produced: which merge did training make "
     "first? Reread 'Byte-pair encoding, by hand'.",
@@ -142,7 +132,16 @@ def encode_word(word, merges):  # find and fix the bug
 """
 
 
-@checker(starter=_ENCODE_STARTER)
+def _hf_encode_word(word: str, merges: list[tuple[str, str]]) -> list[str]:
+    """An independent BPE encoder: Hugging Face tokenizers' BPE model with the given merges."""
+    from tokenizers.models import BPE
+
+    symbols = set(word) | {s for a, b in merges for s in (a, b, a + b)}
+    vocab = {s: i for i, s in enumerate(sorted(symbols))}
+    return [t.value for t in BPE(vocab, list(merges)).tokenize(word)]
+
+
+@checker(starter=_ENCODE_STARTER, reference=_hf_encode_word)
 def check_encode_word(c: Checker, encode_word: Callable[[str, list[tuple[str, str]]], list[str]]) -> None:
     """Check ``encode_word(word, merges)``: a word's BPE tokens, merging the earliest-learned known pair first.
 
@@ -150,14 +149,11 @@ def check_encode_word(c: Checker, encode_word: Callable[[str, list[tuple[str, st
     token strings.
     """
     for name, word in _ENCODE_CASES:
-        rows = _ENCODE_BUGS
-        if _encode_word(word, _MERGES, bug="count") == _encode_word(word, _MERGES, bug="leftmost"):
-            rows = _COUNT_OR_LEFTMOST_BUGS
         c.case(
             name,
             lambda word, merges: encode_word(word, merges),
             _encode_word(word, _MERGES),
-            bugs=bug_table(rows, _encode_word, word, _MERGES),
+            bugs=bug_table(_ENCODE_BUGS, _encode_word, word, _MERGES),
             hint=_ENCODE_HINT,
             inputs={"word": word, "merges": list(_MERGES)},
         )
@@ -208,7 +204,7 @@ _SWIGLU_HINT = Hint(
 )
 
 
-@checker
+@checker(reference=lambda d_model, multiple_of: multiple_of * -(-int(8 * d_model / 3) // multiple_of))
 def check_swiglu_hidden(c: Checker, swiglu_hidden: Callable[[int, int], int]) -> None:
     """Check ``swiglu_hidden(d_model, multiple_of)``: the hidden width of LLaMA's SwiGLU feed-forward network."""
     for name, d_model, multiple_of in _SWIGLU_CASES:
@@ -230,50 +226,36 @@ KV_DTYPE = torch.bfloat16
 """The cache's number format in the prediction."""
 
 
-def kv_cache_bytes_per_token(n_layers: int, n_heads: int, d_model: int, n_kv_heads: int, dtype: torch.dtype) -> int:
-    """Bytes one token adds to a decoder's KV cache: a key and a value of ``n_kv_heads * d_head`` numbers per layer."""
-    d_head = d_model // n_heads
-    return 2 * n_layers * n_kv_heads * d_head * torch.tensor([], dtype=dtype).element_size()
+def _kv_bytes(n_kv_heads: int, dtype: torch.dtype) -> int:
+    """Bytes per token of :data:`KV_MODEL`'s cache with ``n_kv_heads`` key/value heads in ``dtype``."""
+    m = KV_MODEL
+    return kv_cache_bytes_per_token(m["n_layers"], n_kv_heads, m["d_model"] // m["n_heads"], dtype.itemsize)
 
 
-@checker(answer="value")
+@checker(answer="value", reference=_kv_bytes(KV_MODEL["n_kv_heads"], KV_DTYPE))  # measured: test_exercises_ch07.py
 def check_kv_cache_bytes(c: Checker, prediction: float) -> None:
     """Check ``prediction``: the bytes per token of the KV cache of a 4-layer model with d_model 128, 4 query heads,
     2 key/value heads (grouped-query attention), stored in bfloat16."""
     m = KV_MODEL
-    expected = kv_cache_bytes_per_token(**m, dtype=KV_DTYPE)
-    full = kv_cache_bytes_per_token(m["n_layers"], m["n_heads"], m["d_model"], m["n_heads"], torch.float32)
-    half = kv_cache_bytes_per_token(**m, dtype=torch.float32)
-    d_head = m["d_model"] // m["n_heads"]
+    expected = _kv_bytes(m["n_kv_heads"], KV_DTYPE)
     fix = (
         f"bytes per token = 2 (a key and a value) x {m['n_layers']} layers x {m['n_kv_heads']} key/value heads x "
-        f"{d_head} numbers x 2 bytes (bfloat16) = {expected}."
+        f"{m['d_model'] // m['n_heads']} numbers x 2 bytes (bfloat16) = {expected}."
     )
+    mistakes = {
+        _kv_bytes(m["n_heads"], torch.float32): "that is the chapter's own cache, every head in float32: the exercise "
+        "changes two things, how many heads keep keys and values, and how many bytes a number takes.",
+        _kv_bytes(m["n_kv_heads"], torch.float32): "you applied one of the exercise's two changes, not both: fewer "
+        "key/value heads, and bfloat16 numbers.",
+        expected // 2: "you count half of what a layer caches for each token.",
+        expected * 8: "that is bits, not bytes.",
+        expected * 64: "that is a full window of 64 tokens; the question is per token.",
+    }
     c.case(
         "bytes per token",
         lambda: prediction,
         float(expected),
-        bugs=(
-            Bug(
-                lambda: full,
-                Hint(
-                    "that is the chapter's own cache, every head in float32: the exercise changes two things, how "
-                    "many heads keep keys and values, and how many bytes a number takes.",
-                    fix,
-                ),
-            ),
-            Bug(
-                lambda: half,
-                Hint(
-                    "you applied one of the exercise's two changes, not both: fewer key/value heads, and "
-                    "bfloat16 numbers.",
-                    fix,
-                ),
-            ),
-            Bug(lambda: expected // 2, Hint("you count half of what a layer caches for each token.", fix)),
-            Bug(lambda: expected * 8, Hint("that is bits, not bytes.", fix)),
-            Bug(lambda: expected * 64, Hint("that is a full window of 64 tokens; the question is per token.", fix)),
-        ),
+        bugs={value: Hint(concept, fix) for value, concept in mistakes.items()},
         hint=Hint(
             "per token, each layer caches a key and a value for each key/value head, not for each query head, in "
             "the cache's number format; reread 'The KV cache, by hand'.",
@@ -389,6 +371,12 @@ def _library_gqa(attn: MultiHeadAttention, x: Tensor, chunks: tuple[int, ...]) -
     return attn(x, is_causal=True), (cache.k, cache.v)
 
 
+def _library_gqa_step(attn: MultiHeadAttention, x: Tensor, cache: tuple[Tensor, Tensor] | None) -> Any:
+    """One cached step of grouped-query self-attention, by the library's MultiHeadAttention and KVCache."""
+    kv_cache = KVCache() if cache is None else KVCache(*cache)
+    return attn(x, cache=kv_cache, is_causal=True), (kv_cache.k, kv_cache.v)
+
+
 _GQA_CASES = (  # (name, n_heads, n_kv_heads, d_model, chunks: the prompt's length, then each step's)
     ("4 query heads, 2 key/value heads; chunks of 5, 1, 1, 1", 4, 2, 32, (5, 1, 1, 1)),
     ("6 query heads, 3 key/value heads; chunks of 4, 2, 1", 6, 3, 48, (4, 2, 1)),
@@ -397,7 +385,7 @@ _GQA_CASES = (  # (name, n_heads, n_kv_heads, d_model, chunks: the prompt's leng
 )
 
 
-@checker
+@checker(reference=_library_gqa_step)
 def check_gqa_step(c: Checker, gqa_step: Callable[..., tuple[Tensor, tuple[Tensor, Tensor]]]) -> None:
     """Check ``gqa_step(attn, x, cache)``: causal self-attention of new positions with a key/value cache, for a
     grouped-query ``MultiHeadAttention`` (``attn.n_kv_heads`` key/value heads, each shared by

@@ -8,6 +8,7 @@ pipeline schedule.
 
 from __future__ import annotations
 
+import copy
 import functools
 import math
 from collections.abc import Callable
@@ -20,15 +21,7 @@ from torch import Tensor, nn
 from ...attention import MultiHeadAttention
 from ...memory import adamw_bytes_per_parameter
 from ...models import GPT, GPTConfig
-from ._framework import Bug, Checker, Hint, bug_table, checker
-
-__all__ = [
-    "check_amp_state_bytes",
-    "check_accumulate",
-    "check_scaled_step",
-    "check_attention_shard",
-    "check_one_f_one_b",
-]
+from ._framework import Checker, Hint, bug_table, checker
 
 ANSWER_MARKERS: dict[str, tuple[str, ...]] = {  # exercise label -> strings that would give its answer away
     "ex-bf16-state": ("2 + 2 + 2 x 2", "2 + 2 + 2 \\times 2", "zeros_like(p)"),
@@ -74,7 +67,7 @@ _STATE_FIX = (
 )
 
 
-@checker(answer="value")
+@checker(answer="value", reference=adamw_bytes_per_parameter(param_bytes=2, moment_bytes=2))  # measured
 def check_amp_state_bytes(c: Checker, prediction: float) -> None:
     """Check ``prediction``: the bytes per parameter of a model's training state (weights, gradients, AdamW's
     moments) after a step of PyTorch's AdamW on the model converted to bf16 (``model.to(torch.bfloat16)``)."""
@@ -82,57 +75,24 @@ def check_amp_state_bytes(c: Checker, prediction: float) -> None:
         "bytes per parameter",
         lambda: prediction,
         float(amp_state_bytes_per_parameter()),
-        bugs=(
-            Bug(
-                lambda: 16,
-                Hint(
-                    "16 is the state of fp32 training and of mixed precision, whose weights stay fp32 (reread "
-                    "'What stays in fp32'). Here the model itself was converted: in which dtype are its weights "
-                    "now, and in which do their gradients and AdamW's moments follow?",
-                    _STATE_FIX,
-                ),
-            ),
-            Bug(
-                lambda: 12,
-                Hint(
-                    "you count AdamW's moments in fp32, as the mixed-precision recipes of 'Sharding the state: ZeRO "
-                    "and FSDP' keep them. PyTorch's AdamW has no such rule: in which dtype does it create the state "
-                    "of a bf16 parameter?",
-                    _STATE_FIX,
-                ),
-            ),
-            Bug(
-                lambda: 14,
-                Hint(
-                    "you count the gradients in fp32: a gradient always has its parameter's dtype, and so do "
-                    "AdamW's moments.",
-                    _STATE_FIX,
-                ),
-            ),
-            Bug(
-                lambda: 4,
-                Hint(
-                    "the weights are only part of it: count their gradients and AdamW's two moments "
-                    "(reread 'Where the memory goes').",
-                    _STATE_FIX,
-                ),
-            ),
-            Bug(
-                lambda: 6,
-                Hint(
-                    "AdamW keeps two moments per parameter, the mean and the mean square of the gradient.",
-                    _STATE_FIX,
-                ),
-            ),
-            Bug(
-                lambda: 2,
-                Hint(
-                    "that is the weights alone: training also keeps their gradients and AdamW's two "
-                    "moments (reread 'Where the memory goes').",
-                    _STATE_FIX,
-                ),
-            ),
-        ),
+        bugs={
+            value: Hint(concept, _STATE_FIX)
+            for value, concept in {
+                16: "16 is the state of fp32 training and of mixed precision, whose weights stay fp32 (reread 'What "
+                "stays in fp32'). Here the model itself was converted: in which dtype are its weights now, and in "
+                "which do their gradients and AdamW's moments follow?",
+                12: "you count AdamW's moments in fp32, as the mixed-precision recipes of 'Sharding the state: ZeRO "
+                "and FSDP' keep them. PyTorch's AdamW has no such rule: in which dtype does it create the state of a "
+                "bf16 parameter?",
+                14: "you count the gradients in fp32: a gradient always has its parameter's dtype, and so do AdamW's "
+                "moments.",
+                4: "the weights are only part of it: count their gradients and AdamW's two moments (reread 'Where "
+                "the memory goes').",
+                6: "AdamW keeps two moments per parameter, the mean and the mean square of the gradient.",
+                2: "that is the weights alone: training also keeps their gradients and AdamW's two moments (reread "
+                "'Where the memory goes').",
+            }.items()
+        },
         hint=Hint(
             "count four numbers per parameter after the step (the weight, its gradient, AdamW's two moments), "
             "each in the dtype it has once the model itself is bf16; reread 'Where the memory goes' for the "
@@ -248,7 +208,14 @@ def accumulate(model, micro_batches):  # find and fix the bug
 """
 
 
-@checker(starter=_ACCUMULATE_STARTER)
+def _accumulate_by_share(model: nn.Module, micro_batches: list[tuple[Tensor, Tensor]]) -> None:
+    """Each micro-batch's mean loss weighted by its share of the batch's target tokens."""
+    n = sum((y != IGNORE).sum() for _, y in micro_batches)
+    for x, y in micro_batches:
+        (model(x, y)[1] * (y != IGNORE).sum() / n).backward()
+
+
+@checker(starter=_ACCUMULATE_STARTER, reference=_accumulate_by_share)
 def check_accumulate(c: Checker, accumulate: Callable[[nn.Module, list], Any]) -> None:
     """Check ``accumulate(model, micro_batches)``: after it, the gradients of ``model`` (a ``GPT``, whose loss is the
     mean over the targets that are not -100) are those of the mean loss over every target token of the whole batch,
@@ -399,7 +366,21 @@ def scaled_step(model, optimizer, scaler, x, y, max_norm):  # find and fix the b
 """
 
 
-@checker(starter=_SCALED_STEP_STARTER)
+def _unscaled_then_clipped(
+    model: nn.Module, optimizer: Any, scaler: Any, x: Tensor, y: Tensor, max_norm: float
+) -> None:
+    """One fp16 step as PyTorch's AMP recipe writes it: unscale_ before clipping, then step and update."""
+    optimizer.zero_grad()
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = model(x, y)[1]
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+
+
+@checker(starter=_SCALED_STEP_STARTER, reference=_unscaled_then_clipped)
 def check_scaled_step(c: Checker, scaled_step: Callable[..., Any]) -> None:
     """Check ``scaled_step(model, optimizer, scaler, x, y, max_norm)``: one training step of ``model`` (a ``GPT``)
     under ``torch.autocast`` in fp16 on the CPU, with the loss scaled by ``scaler`` (a ``torch.amp.GradScaler``),
@@ -510,7 +491,22 @@ _SHARD_HINT = Hint(
 )
 
 
-@checker
+def _silenced_heads(attn: MultiHeadAttention, x: Tensor, rank: int, world_size: int) -> Tensor:
+    """The library's layer with the other processes' heads silenced (their values zeroed, so they output nothing)
+    and without the output bias, which the all-reduce adds once."""
+    mine = copy.deepcopy(attn)
+    per_process = attn.n_heads // world_size
+    others = torch.ones(attn.n_heads, dtype=torch.bool)
+    others[rank * per_process : (rank + 1) * per_process] = False
+    rows = others.repeat_interleave(attn.d_head)  # the value features of the other processes' heads
+    with torch.no_grad():
+        mine.v_proj.weight[rows] = 0
+        mine.v_proj.bias[rows] = 0
+        mine.out_proj.bias.zero_()
+    return mine(x, is_causal=True)
+
+
+@checker(reference=_silenced_heads)
 def check_attention_shard(
     c: Checker, attention_shard: Callable[[MultiHeadAttention, Tensor, int, int], Tensor]
 ) -> None:
@@ -660,7 +656,13 @@ _ONE_F_ONE_B_HINT = Hint(
 )
 
 
-@checker
+def _one_f_one_b_as_a_sort(p: int, m: int) -> list[list[tuple[str, int]]]:
+    """1F1B as a sort: stage s's backward of i comes after its forward of i + p - s - 1 (or its last forward)."""
+    ops = [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
+    return [sorted(ops, key=lambda op, s=s: op[1] + (p - s - 0.5 if op[0] == "B" else 0)) for s in range(p)]
+
+
+@checker(reference=_one_f_one_b_as_a_sort)
 def check_one_f_one_b(c: Checker, one_f_one_b: Callable[[int, int], Any]) -> None:
     """Check ``one_f_one_b(p, m)``: for each of ``p`` pipeline stages, its order of work on ``m`` micro-batches,
     ``[("F", 0), ..., ("B", 0), ...]``, such that stage ``s`` never holds the activations of more than

@@ -14,17 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ...quantization import QMAX
+from ...distillation import distillation_loss
+from ...quantization import QMAX, quantize_per_channel
 from ._framework import Bug, Checker, Hint, bug_table, checker
-
-__all__ = [
-    "check_kv_cache_gib",
-    "check_quantize_per_group",
-    "check_soft_loss",
-    "check_accepted_tokens",
-    "check_batched_intensity",
-]
-
 
 ANSWER_MARKERS: dict[str, tuple[str, ...]] = {  # exercise label -> strings that would give its answer away
     "ex-long-cache": ("16 gib", "9.25 gib", "padding positions"),
@@ -55,7 +47,7 @@ def kv_cache_gib(
     return 2 * n_layers * n_kv_heads * d_head * bytes_per_number * n_tokens * batch / GIB
 
 
-@checker(answer="value")
+@checker(answer="value", reference=kv_cache_gib(**LONG_CACHE_SETUP))  # a meta-device model's: test_exercises_ch09
 def check_kv_cache_gib(c: Checker, prediction: float) -> None:
     """Check ``prediction``: the GiB (2**30 bytes) of the bfloat16 KV caches of a batch of 4 prompts of 32,768,
     16,384, 4,096 and 2,048 tokens, padded to the longest, for a model of 32 layers with 32 query heads of 128
@@ -216,7 +208,13 @@ _QUANTIZE_HINT = Hint(
 )
 
 
-@checker
+def _per_channel_groups(weight: Tensor, group_size: int) -> tuple[Tensor, Tensor]:
+    """Each group a row of the library's per-channel quantization."""
+    q, scale = quantize_per_channel(weight.reshape(-1, group_size))
+    return q.view(weight.shape), scale.view(weight.shape[0], -1)
+
+
+@checker(reference=_per_channel_groups)
 def check_quantize_per_group(c: Checker, quantize_per_group: Callable[[Tensor, int], tuple[Tensor, Tensor]]) -> None:
     """Check ``quantize_per_group(weight, group_size)``: symmetric int8 quantization with one scale per group of
     ``group_size`` consecutive weights of a row, ``scale = max|w_group| / 127`` (0 for a group of zeros) and
@@ -317,7 +315,13 @@ _SOFT_LOSS_HINT = Hint(
 )
 
 
-@checker(starter=_SOFT_LOSS_STARTER)
+def _library_soft_loss(student_logits: Tensor, teacher_logits: Tensor, T: float) -> Tensor:
+    """The library's distillation loss with only its soft term."""
+    hard = torch.zeros(student_logits.shape[0], dtype=torch.long)
+    return distillation_loss(student_logits, teacher_logits, hard, T, alpha=1.0)
+
+
+@checker(starter=_SOFT_LOSS_STARTER, reference=_library_soft_loss)
 def check_soft_loss(c: Checker, soft_loss: Callable[[Tensor, Tensor, float], Tensor]) -> None:
     """Check ``soft_loss(student_logits, teacher_logits, T)``: the soft term of the distillation loss,
     ``T**2 * KL(softmax(teacher / T) || softmax(student / T))``, the KL summed over the vocabulary and averaged over
@@ -404,7 +408,10 @@ _ACCEPTED_HINT = Hint(
 )
 
 
-@checker(starter=_ACCEPTED_STARTER)
+@checker(
+    starter=_ACCEPTED_STARTER,
+    reference=lambda proposals, choices: choices[: int((proposals == choices[:-1]).long().cumprod(0).sum()) + 1],
+)  # the accepted proposals equal the target's choices: the agreeing prefix of choices, plus one
 def check_accepted_tokens(c: Checker, accepted_tokens: Callable[[Tensor, Tensor], Tensor]) -> None:
     """Check ``accepted_tokens(proposals, choices)``: the verify step of greedy speculative decoding. ``proposals``
     holds the draft's k tokens, ``choices`` the target's k + 1 greedy tokens (after the context and after each
@@ -463,7 +470,7 @@ RIDGE_H100 = 989e12 / 3.35e12
 """An H100 SXM's published dense bf16 multiply rate over its memory bandwidth: about 295 FLOPs per byte."""
 
 
-@checker(answer="value")
+@checker(answer="value", reference=batched_decode_intensity(float("inf"), **BATCH_CEILING_SETUP))
 def check_batched_intensity(c: Checker, prediction: float) -> None:
     """Check ``prediction``: the arithmetic intensity (FLOPs per byte read) that a decoding step of the LLaMA 2 70B
     shape approaches as the batch grows without bound, with 16-bit weights and cache and every sequence at 4,096

@@ -14,8 +14,6 @@ from torch import Tensor, nn
 from ...models import EncoderOnlyConfig, EncoderOnlyTransformer
 from ._framework import Bug, Checker, Hint, bug_table, checker
 
-__all__ = ["check_empty_windows", "check_pseudo_log_likelihood", "check_last_vectors"]
-
 ANSWER_MARKERS: dict[str, tuple[str, ...]] = {  # exercise label -> strings that would give its answer away
     "ex-empty-windows": ("0.85**15", "0.85 ** 15", "0.087", "8.7%"),
     "ex-pseudo-log-likelihood": ("ids.repeat(", "copies[positions - 1, positions]", "one copy per position"),
@@ -35,7 +33,7 @@ def empty_share(p: float, n_positions: int) -> float:
     return (1 - p) ** n_positions
 
 
-@checker(answer="value")
+@checker(answer="value", reference=empty_share(**EMPTY_SETUP))  # windows masked by the library: test_exercises_ch10
 def check_empty_windows(c: Checker, prediction: float) -> None:
     """Check ``prediction``: the share of the chapter's windows (15 characters behind a [CLS], each character
     selected with probability 0.15) in which no position is selected, so that the window adds nothing to the loss."""
@@ -141,7 +139,13 @@ _PLL_BUGS = {  # bug -> hint, for _pseudo_log_likelihood(..., bug=bug)
 }
 
 
-@checker
+def _one_pass_per_position(logits_fn: Callable, ids: Tensor, mask_id: int) -> Tensor:
+    """One forward pass per masked position, not a batch."""
+    masked = (ids.where(torch.arange(len(ids)) != t, mask_id) for t in range(1, len(ids)))
+    return sum(logits_fn(m[None])[0, t].log_softmax(-1)[ids[t]] for t, m in enumerate(masked, start=1))
+
+
+@checker(reference=_one_pass_per_position)
 def check_pseudo_log_likelihood(c: Checker, pseudo_log_likelihood: Callable[[Callable, Tensor, int], Tensor]) -> None:
     """Check ``pseudo_log_likelihood(logits_fn, ids, mask_id)``: the sum over positions 1..T-1 of the log-probability
     of ids[t] when position t alone is masked.
@@ -221,7 +225,12 @@ _LAST_BUGS = {  # bug -> hint, for _last_vectors(..., bug=bug)
 }
 
 
-@checker(starter=_LAST_STARTER)
+@checker(
+    starter=_LAST_STARTER,
+    reference=lambda hidden, attention_mask: torch.stack(
+        [hidden[b, attention_mask[b].nonzero().max()] for b in range(hidden.shape[0])]
+    ),  # the largest index of a real token, row by row
+)
 def check_last_vectors(c: Checker, last_vectors: Callable[[Tensor, Tensor], Tensor]) -> None:
     """Check ``last_vectors(hidden, attention_mask)``: for a decoder-only model's right-padded batch, each
     sequence's vector at its last real token.
