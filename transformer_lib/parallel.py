@@ -1,21 +1,14 @@
-"""Tensor parallelism and pipeline parallelism by hand (chapter 8).
+"""Tensor and pipeline parallelism by hand (chapter 8).
 
-Tensor parallelism: a feed-forward network split across processes, Megatron-style.
+Tensor parallelism (Megatron-LM): the feed-forward network ``act(x W1) W2`` with ``W1`` split by
+columns and ``W2`` by the matching rows over ``world_size`` processes; each computes
+``act(x W1_r) W2_r`` on its own hidden units, and the output is the sum of these partial outputs,
+one all-reduce. The bias of ``W2`` is added once, after the sum.
 
-The feed-forward network is ``act(x W1) W2``. Split ``W1`` by columns (each of ``world_size``
-processes holds ``d_ff / world_size`` of the hidden units) and ``W2`` by the matching rows: each
-process computes ``act(x W1_r) W2_r`` on its own hidden units, which needs nothing from the others
-because the activation acts unit by unit, and the full output is the *sum* of these partial
-outputs, one all-reduce (Shoeybi et al.'s Megatron-LM). The bias of ``W2`` is added once, after
-the sum. Attention splits the same way along its heads: ``W_q``, ``W_k``, ``W_v`` by columns (whole
-heads per process), the output projection by rows, one all-reduce.
-
-Pipeline parallelism: a GPT's blocks split into consecutive stages, one per process
-(:func:`gpt_stages`), and one GPipe step (:func:`pipeline_step`): the batch cut into ``m``
-micro-batches, every forward pass first (each stage sends its activations to the next), then every
-backward pass (each stage sends the gradient of its input back), the gradients adding up over the
-micro-batches (Huang et al.'s GPipe). A stage waits while the others work: with ``p`` stages and
-equal work per stage, the idle share of a step, the bubble, is ``(p - 1) / (m + p - 1)``.
+Pipeline parallelism (GPipe): a GPT's blocks cut into consecutive stages, one per process
+(:func:`gpt_stages`), and one step (:func:`pipeline_step`) over ``m`` micro-batches, every forward
+pass first, then every backward pass. With ``p`` equal stages the idle share of a step, the bubble,
+is ``(p - 1) / (m + p - 1)``.
 """
 
 from __future__ import annotations
@@ -38,10 +31,8 @@ from .precision import output_in_fp32
 
 class TensorParallelFeedForward(nn.Module):
     """Process ``rank``'s shard of ``ff`` (a :class:`~transformer_lib.layers.FeedForward`) split over
-    ``world_size`` processes: ``forward`` returns the full output on every process, after one
-    all-reduce of the partial outputs; in the backward pass one all-reduce gives every process the
-    full gradient of the input, and each shard's weights get exactly their slice of the full
-    network's weight gradients.
+    ``world_size`` processes: ``forward`` returns the full output on every process (one all-reduce), and
+    the backward pass gives each shard exactly its slice of the full network's weight gradients.
 
     Shapes: x (B, T, d_model) -> (B, T, d_model); the shard holds ``d_ff / world_size`` hidden units.
 
@@ -96,8 +87,7 @@ class TensorParallelFeedForward(nn.Module):
 
 
 class _CopyToProcesses(torch.autograd.Function):
-    """Forward: the identity (every process holds the same input). Backward: all-reduce (sum), since
-    the input's gradient is the sum of the gradients through every process's hidden units."""
+    """Megatron's f: the identity forward; backward, the sum of the input's gradients over processes."""
 
     @staticmethod
     def forward(ctx: object, x: Tensor) -> Tensor:
@@ -111,9 +101,9 @@ class _CopyToProcesses(torch.autograd.Function):
 
 
 class _SumOverProcesses(torch.autograd.Function):
-    """Forward: all-reduce (sum) the partial outputs. Backward: the identity, since every process holds
-    the same full output and the same gradient of it (Megatron's "g"; an all-reducing backward, as
-    ``torch.distributed.nn.functional.all_reduce`` has, would count that gradient ``world_size`` times)."""
+    """Megatron's g: the sum of the partial outputs forward; backward, the identity (every process holds the
+    same gradient of the full output; summing it, as ``torch.distributed.nn.functional.all_reduce`` does,
+    would count it ``world_size`` times)."""
 
     @staticmethod
     def forward(ctx: object, partial: Tensor) -> Tensor:
@@ -132,8 +122,7 @@ class _SumOverProcesses(torch.autograd.Function):
 class GPTStage(nn.Module):
     """Stage ``stage`` of ``n_stages`` of a :class:`~transformer_lib.models.GPT`: consecutive blocks, with the
     embeddings on the first stage and the final norm and output head on the last. It holds the model's own
-    modules (not copies), so gradients land in the model's parameters, and ``stage.parameters()`` are exactly
-    the parameters this stage trains (give them to its process's optimizer).
+    modules, not copies: ``stage.parameters()`` are the parameters this stage trains.
 
     Shapes: first stage idx (B, T) -> h (B, T, d_model); middle stages h -> h; last stage h -> logits
     (B, T, vocab_size); a single stage idx -> logits.
@@ -146,12 +135,8 @@ class GPTStage(nn.Module):
         lo, hi = stage * n_layers // n_stages, (stage + 1) * n_layers // n_stages  # as even as the blocks allow
         self.layers, self.d_model = range(lo, hi), model.config.d_model
         if self.first:
-            self.tok_emb, self.pos, self.dropout, self.emb_scale = (
-                model.tok_emb,
-                model.pos,
-                model.dropout,
-                model.emb_scale,
-            )
+            self.tok_emb, self.pos, self.dropout = model.tok_emb, model.pos, model.dropout
+            self.emb_scale = model.emb_scale
         self.blocks = nn.ModuleList(model.blocks[lo:hi])
         if self.last:
             self.norm_f, self.lm_head = model.norm_f, model.lm_head
@@ -170,9 +155,8 @@ class GPTStage(nn.Module):
 
 def gpt_stages(model: GPT, n_stages: int) -> list[GPTStage]:
     """``model`` cut into ``n_stages`` pipeline stages of consecutive blocks (stage ``s`` holds blocks
-    ``s * n_layers // n_stages`` to ``(s + 1) * n_layers // n_stages - 1``). Running them one after the other
-    is ``model.logits``. A tied output head would live on the first stage and the last at once, so the model
-    must be untied (``tie_weights=False``) when ``n_stages > 1``.
+    ``s * n_layers // n_stages`` to ``(s + 1) * n_layers // n_stages - 1``); run one after the other they are
+    ``model.logits``. With ``n_stages > 1`` the model must be untied (``tie_weights=False``).
 
     Shapes: see :class:`GPTStage`.
 
@@ -193,20 +177,22 @@ def gpt_stages(model: GPT, n_stages: int) -> list[GPTStage]:
     return [GPTStage(model, s, n_stages) for s in range(n_stages)]
 
 
+Event = tuple[str, int, float, float]  # (kind, micro_batch, start, end)
+
+
 @dataclass
 class PipelineStep:
     """What one GPipe step did on this process.
 
-    ``loss``: the batch's mean loss (every process receives it from the last stage). ``events``: this stage's
-    work, ``(kind, micro_batch, start, end)`` with kind ``"F"`` (forward) or ``"B"`` (backward) and times in
-    seconds from the step's start (after a barrier), waiting for messages not included. ``seconds``: from
-    that barrier to the barrier after the last stage finished. ``idle``: the share of ``seconds`` this stage
-    did no work, its bubble (communication counts as idle).
+    ``loss``: the batch's mean loss, on every process. ``events``: this stage's work, ``(kind, micro_batch,
+    start, end)`` with kind ``"F"`` or ``"B"``, in seconds from the step's start barrier, waiting excluded.
+    ``seconds``: from that barrier to the one after the last stage. ``idle``: the share of ``seconds`` this
+    stage did no work, its bubble.
     """
 
     loss: float
     seconds: float
-    events: list[tuple[str, int, float, float]] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
 
     @property
     def idle(self) -> float:
@@ -217,91 +203,98 @@ def pipeline_step(stage: GPTStage, x: Tensor, y: Tensor, n_micro: int) -> Pipeli
     """One GPipe forward and backward pass of the batch ``(x, y)`` through a pipeline of ``GPTStage``s, one per
     process of the ``torch.distributed`` group, in rank order (rank ``r`` runs stage ``r``).
 
-    The batch is cut into ``n_micro`` equal micro-batches. Forward: stage ``r`` receives each micro-batch's
-    activations from rank ``r - 1`` (the first stage embeds ``x`` instead), runs its blocks and sends the
-    result to rank ``r + 1``; the last stage computes each micro-batch's mean loss. Backward, micro-batch by
-    micro-batch in the same order: the last stage backpropagates ``loss_i / n_micro``, every stage sends the
-    gradient of its input to the previous one, and the parameters' gradients add up, to those of the whole
-    batch's mean loss (as gradient accumulation). No optimizer step: call it after this, on every stage.
-    Every process passes the whole batch; the first stage reads ``x``, the last ``y``. fp32 only.
+    The batch is cut into ``n_micro`` equal micro-batches. Every forward pass runs first (stage ``r``
+    receives activations from rank ``r - 1`` and sends its output to rank ``r + 1``; the last stage computes
+    each micro-batch's mean loss), then every backward pass in the same order (the last stage backpropagates
+    ``loss_i / n_micro``; each stage sends the gradient of its input back). The gradients add up to those of
+    the whole batch's mean loss. No optimizer step. Every process passes the whole batch; the first stage
+    reads ``x``, the last ``y``. fp32 only.
 
     Shapes: x, y (B, T) token ids and targets, B divisible by ``n_micro``.
 
     Defined in chapter 8, Training at scale.
     """
+    rank, world = _validate_pipeline(stage, x, y, n_micro)
+    device = next(stage.parameters()).device
+    xs, ys = x.to(device).chunk(n_micro), y.to(device).chunk(n_micro)
+    dist.barrier()
+    pipe = _Pipe(stage, rank, device, shape=(x.shape[0] // n_micro, x.shape[1], stage.d_model))
+    for i in range(n_micro):  # every forward pass first
+        pipe.forward(i, xs[i], ys[i])
+    for i in range(n_micro):  # then every backward pass
+        pipe.backward(i, n_micro)
+    for work, _ in pipe.sends:
+        if work is not None:
+            work.wait()
+    loss = torch.tensor([sum(loss_i.item() for loss_i in pipe.losses) / n_micro if stage.last else 0.0])
+    dist.barrier()
+    seconds = time.perf_counter() - pipe.t0
+    dist.broadcast(loss, src=world - 1)  # every process learns the batch's loss
+    return PipelineStep(loss=loss.item(), seconds=seconds, events=pipe.events)
+
+
+def _validate_pipeline(stage: GPTStage, x: Tensor, y: Tensor, n_micro: int) -> tuple[int, int]:
+    """This process's rank and the group's size, once the stage and the batch fit them."""
     if not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError("pipeline_step needs torch.distributed: launch with torchrun and call init_distributed()")
     rank, world = dist.get_rank(), dist.get_world_size()
     if not isinstance(stage, GPTStage) or stage.first != (rank == 0) or stage.last != (rank == world - 1):
         raise ValueError(f"rank {rank} of {world} must run stage {rank} of a gpt_stages(model, {world}) split")
-    n_micro = _validate_int("n_micro", n_micro, 1)
+    _validate_int("n_micro", n_micro, 1)
     if x.dim() != 2 or x.shape != y.shape or x.shape[0] % n_micro:
         raise ValueError(
             f"x and y must be (B, T) with B divisible by n_micro={n_micro}, got {tuple(x.shape)} and {tuple(y.shape)}"
         )
-    device = next(stage.parameters()).device
-    xs, ys = x.to(device).chunk(n_micro), y.to(device).chunk(n_micro)
-    shape = (x.shape[0] // n_micro, x.shape[1], stage.d_model)  # (B / n_micro, T, d_model): what travels
-    events: list[tuple[str, int, float, float]] = []
-    inputs: list[Tensor] = []
-    outputs: list[Tensor] = []
-    losses: list[Tensor] = []
-    sends: list[tuple[dist.Work | None, Tensor]] = []  # each message, and the tensor it reads, kept alive
-    dist.barrier()
-    t0 = time.perf_counter()
+    return rank, world
+
+
+class _Pipe:
+    """One stage's side of a GPipe step: the activations it keeps for the backward pass, the messages it
+    sends, and its work timed from the step's start. Shapes: ``shape`` (B / n_micro, T, d_model) travels."""
+
+    def __init__(self, stage: GPTStage, rank: int, device: torch.device, shape: tuple[int, int, int]) -> None:
+        self.stage, self.rank, self.device, self.shape = stage, rank, device, shape
+        self.inputs: list[Tensor] = []
+        self.outputs: list[Tensor] = []
+        self.losses: list[Tensor] = []
+        self.sends: list[tuple[dist.Work | None, Tensor]] = []  # each message, and the tensor it reads, kept alive
+        self.events: list[Event] = []
+        self.t0 = time.perf_counter()
 
     @contextmanager
-    def timed(kind: str, i: int) -> Iterator[None]:
-        start = time.perf_counter() - t0
+    def timed(self, kind: str, i: int) -> Iterator[None]:
+        start = time.perf_counter() - self.t0
         yield
-        events.append((kind, i, start, time.perf_counter() - t0))
+        self.events.append((kind, i, start, time.perf_counter() - self.t0))
 
-    for i in range(n_micro):  # every forward pass first
-        if stage.first:
-            h_in = xs[i]
+    def receive(self, src: int) -> Tensor:
+        t = torch.empty(self.shape, device=self.device)
+        dist.recv(t, src=src)
+        return t
+
+    def send(self, t: Tensor, dst: int) -> None:
+        self.sends.append((dist.isend(t, dst=dst), t))
+
+    def forward(self, i: int, x: Tensor, y: Tensor) -> None:
+        h_in = x if self.stage.first else self.receive(self.rank - 1).requires_grad_()
+        with self.timed("F", i):
+            out = self.stage(h_in)
+            if self.stage.last:
+                self.losses.append(F.cross_entropy(out.flatten(0, 1), y.flatten()))
+        if not self.stage.last:
+            self.send(out.detach(), self.rank + 1)
+        self.inputs.append(h_in)
+        self.outputs.append(out)
+
+    def backward(self, i: int, n_micro: int) -> None:
+        if self.stage.last:
+            with self.timed("B", i):
+                (self.losses[i] / n_micro).backward()
         else:
-            h_in = torch.empty(shape, device=device)
-            dist.recv(h_in, src=rank - 1)
-            h_in.requires_grad_()
-        with timed("F", i):
-            out = stage(h_in)
-        if stage.last:
-            with timed("F", i):
-                losses.append(F.cross_entropy(out.flatten(0, 1), ys[i].flatten()))
-        else:
-            sent = out.detach()
-            sends.append((dist.isend(sent, dst=rank + 1), sent))
-        inputs.append(h_in)
-        outputs.append(out)
-    for i in range(n_micro):  # then every backward pass
-        if stage.last:
-            with timed("B", i):
-                (losses[i] / n_micro).backward()
-        else:
-            grad = torch.empty(shape, device=device)
-            dist.recv(grad, src=rank + 1)
-            with timed("B", i):
-                outputs[i].backward(grad)
-        if not stage.first:
-            grad_in = inputs[i].grad
+            grad = self.receive(self.rank + 1)
+            with self.timed("B", i):
+                self.outputs[i].backward(grad)
+        if not self.stage.first:
+            grad_in = self.inputs[i].grad
             assert grad_in is not None  # h_in requires grad and the stage's output depends on it
-            sends.append((dist.isend(grad_in, dst=rank - 1), grad_in))
-    for work, _ in sends:
-        if work is not None:
-            work.wait()
-    loss = torch.tensor([sum(loss_i.item() for loss_i in losses) / n_micro if stage.last else 0.0])
-    dist.barrier()
-    seconds = time.perf_counter() - t0
-    dist.broadcast(loss, src=world - 1)  # every process learns the batch's loss
-    return PipelineStep(loss=loss.item(), seconds=seconds, events=_merged(events))
-
-
-def _merged(events: list[tuple[str, int, float, float]]) -> list[tuple[str, int, float, float]]:
-    """The last stage times a micro-batch's blocks and its loss separately: one forward event each."""
-    out: list[tuple[str, int, float, float]] = []
-    for e in events:
-        if out and out[-1][:2] == e[:2]:
-            out[-1] = (e[0], e[1], out[-1][2], e[3])
-        else:
-            out.append(e)
-    return out
+            self.send(grad_in, self.rank - 1)
