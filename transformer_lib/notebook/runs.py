@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
+from .._validate import _validate_int
 from ..attention import MultiHeadAttention
 from ..training import History, Trainer, progress_bar
 from ..utils import eval_mode
@@ -154,9 +155,7 @@ def fit_together(
     """
     trainers = list(trainers)
     _check_runs(trainers, progress)
-    workers = min(os.cpu_count() or 1, len(trainers)) if workers is None else workers
-    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
-        raise ValueError(f"workers must be an int >= 1, got {workers!r}")
+    workers = min(os.cpu_count() or 1, len(trainers)) if workers is None else _validate_int("workers", workers, 1)
     side_by_side = workers > 1 and all(
         t.device.type == "cpu" and not t.compiled and t.world_size == 1 and not _uses_dropout(t.model) for t in trainers
     )
@@ -203,9 +202,7 @@ def _fit_run(trainer: Trainer, callback: Callable[[Trainer], None] | None) -> tu
         snapshots.append(copy.deepcopy(t.state_dict()))
 
     error = _fit_error(trainer, snapshot if callback is not None else None)
-    try:
-        pickle.dumps(error)
-    except Exception:
+    if not _pickles(error):
         error = RuntimeError(f"a run failed with {type(error).__name__}: {error}")
     buffer = io.BytesIO()
     torch.save((trainer.state_dict(), snapshots), buffer)
