@@ -12,7 +12,6 @@ import nbformat
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
 import execute_chapters as ec  # noqa: E402
 
 

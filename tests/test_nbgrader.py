@@ -18,14 +18,12 @@ from pathlib import Path
 import nbformat
 import pytest
 
+import make_nbgrader
 from conftest import in_ci
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV = Path(os.environ.get("NBGRADER_VENV", ROOT / ".venv-nbgrader"))
 CHAPTER = "01_attention"
-
-sys.path.insert(0, str(ROOT / "scripts"))
-import make_nbgrader  # noqa: E402
 
 
 def _nbgrader() -> Path:

@@ -12,17 +12,15 @@ _build/checks/test-fp32/. `make fp32-check` executes every chapter this way.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
+import execute_chapters
 from transformer_lib.precision import PRECISION_ENV, autocast_dtype, precision_override
 from transformer_lib.utils import get_device
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-import execute_chapters  # noqa: E402
 
 pytestmark = [pytest.mark.notebooks, pytest.mark.slow]
 
