@@ -203,6 +203,7 @@ def test_requirements_txt_names_nothing_outside_the_package_but_a_build_only_lis
     package = {canonicalize_name(r.name) for reqs in package_requirements().values() for r in reqs}
     names = [canonicalize_name(r.name) for r in listed + build_only]
     assert len(names) == len(set(names)), f"requirements.txt names a package twice: {names}"
+    assert "nbmake" not in names, "the chapters execute through scripts/execute_chapters.py, not nbmake"
     outside = sorted(canonicalize_name(r.name) for r in listed if canonicalize_name(r.name) not in package)
     assert not outside, (
         f"requirements.txt names {outside}, which no extra of pyproject.toml has: add them to an extra, "
@@ -313,10 +314,6 @@ def test_makefile_installs_with_the_lock_and_torch_from_its_index():
     assert stamp and "$(CONSTRAINTS)" in stamp.group(1).split(), "a changed lock must reinstall the environment"
     assert 'install -q -r requirements.txt $(if $(CONSTRAINTS),-c "$(CONSTRAINTS)")' in makefile
     assert 'install -q "$(TORCH)" $(if $(TORCH_INDEX),--index-url "$(TORCH_INDEX)")' in makefile
-
-
-def test_nbmake_is_gone():
-    assert "nbmake" not in (ROOT / "requirements.txt").read_text(encoding="utf-8")
 
 
 # --- one version source, license ---------------------------------------------------------------
