@@ -1,19 +1,10 @@
 """The checkers' framework: the case runner :class:`Checker`, the comparison of results and ``@checker``.
 
-A checker is ``def check_x(c: Checker, answer) -> None`` running its hidden cases with ``c.case(...)``;
-``@checker`` makes it the public ``check_x(answer) -> CheckResult``, which refuses a non-callable answer, says
-"not answered yet" to a starter left as ``...`` (or, with ``@checker(starter=SOURCE)``, to a *Spot the bug*
-starter left as given), keeps the reader's random streams, prints the feedback and records it for the grader
-(:func:`grader_records`). ``@checker(answer="value")`` checks a value (a prediction). CONTRIBUTING.md ("Writing a
-checker") walks through one.
-
-A case hands the answer copies of its ``inputs``, gives it :data:`CASE_TIMEOUT_SECONDS`, and turns anything odd
-it does (raise, even ``sys.exit()``; hang; change its inputs in place; return a sparse tensor, one on another
-device or of another dtype) into a failed case with feedback, never a crash; only ``KeyboardInterrupt`` (the
-reader pressing stop) goes through. A wrong result is looked up among the checker's known bugs
-(:func:`bug_table`) to show that bug's hint. A hint has two levels (:class:`Hint`): the failed check prints
-each failed case, then each distinct concept once; ``check_x.hint()`` prints the fixes in code of the last
-failed call, which the grader never sees.
+A checker is ``def check_x(c: Checker, answer) -> None`` running its hidden cases with ``c.case(...)`` (or
+``c.cases(...)``); ``@checker`` makes it the public ``check_x(answer) -> CheckResult``. A case turns anything odd
+the answer does (raise, hang, change its inputs, return a sparse tensor) into a failed case with feedback, never
+a crash, and names the known bug that gives the wrong result (:func:`bug_table`); its hint has two levels
+(:class:`Hint`). CONTRIBUTING.md ("Writing a checker") walks through one.
 """
 
 from __future__ import annotations
@@ -124,6 +115,11 @@ def bug_table(table: dict[str, str | Hint], wrong: Callable[..., Any], /, *args:
     right on the case never matches.
     """
     return tuple(Bug(functools.partial(wrong, *args, bug=bug), hint) for bug, hint in table.items())
+
+
+def two_bugs(first: Hint, second: Hint) -> Hint:
+    """The hint for two bugs at once, from the hints of each (concepts written without their final period)."""
+    return Hint(f"Two bugs: {first.concept}; and {second.concept}.", f"{first.fix}; and {second.fix}.")
 
 
 # ---------------------------------------------------------------- comparing a result with the expected one
@@ -501,25 +497,17 @@ class Checker:
     ) -> None:
         """Run ``answer`` on copies of ``inputs``, compare with ``expected``; if it differs, name the matching bug.
 
-        ``inputs`` maps names to the tensors, modules and numbers the answer works on: ``answer`` receives
-        copies of them as keyword arguments (``lambda x, n_heads: split_heads(x, n_heads)``), and the case
-        fails, naming the input, if the answer changes its copies in place. ``expected`` is copied before the
-        answer runs, so it cannot change either. ``error_hint`` (the hint when the answer raises) may be a
-        function of the exception, to hint only at the mistake that raises it. Every hint (these two, and each
-        bug's) is a ``str`` (a concept) or a :class:`Hint` (a concept and its fix in code). ``bugs`` are
-        :class:`Bug` objects (:func:`bug_table`) or, for a prediction, a mapping ``{wrong value: hint}``; when
-        several give the answer's result, their hints are merged ("one of").
+        ``answer`` receives copies of ``inputs`` as keyword arguments (``lambda x, n_heads: split_heads(x,
+        n_heads)``); the case fails, naming the input, if it changes them in place. ``error_hint``, the hint when
+        the answer raises, may be a function of the exception. ``bugs`` are :class:`Bug` objects
+        (:func:`bug_table`) or a prediction's ``{wrong value: hint}``; the hints of several bugs that give the
+        answer's result are merged ("one of"). Every hint is a ``str`` (a concept) or a :class:`Hint`.
         """
         expected = _independent_copy(expected)
         inputs = inputs or {}
         copies = copy.deepcopy(inputs)  # one copy per object: aliased inputs (key is value) stay aliased
         seconds = CASE_TIMEOUT_SECONDS if self.timeout_seconds is None else self.timeout_seconds
-        run = _run_with_alarm if _can_use_alarm() else _run_in_thread  # SIGALRM where possible
-        if self._refused:
-            codes, called = self._refused, self._called
-            got, error = run(lambda: _profiled(codes, called, lambda: answer(**copies)), seconds)
-        else:
-            got, error = run(lambda: answer(**copies), seconds)
+        got, error = self._run(lambda: answer(**copies), seconds)
         failure = (
             _error_failure(error, seconds, error_hint, hint)
             or _in_place_failure(inputs, copies)
@@ -529,6 +517,32 @@ class Checker:
             self._fail(name, *failure)
         else:
             self.lines.append(f"  ✅ {name}")
+
+    def cases(
+        self,
+        answer: Callable[..., Any],
+        cases: Iterable[tuple[str, dict[str, Any]]],
+        reference: Callable[..., Any],
+        bugs: Mapping[str, str | Hint] | None = None,
+        wrong: Callable[..., Any] | None = None,
+        **options: Any,
+    ) -> None:
+        """One :meth:`case` per ``(name, inputs)`` of ``cases``, which passes the inputs in order:
+        ``answer(*inputs.values())`` against ``reference(*inputs.values())``, and the bug table ``bugs`` from
+        ``wrong(*inputs.values(), bug=...)`` (``wrong`` defaults to ``reference``). ``options`` (``hint``,
+        ``error_hint``, ``atol``) go to every case."""
+        for name, inputs in cases:
+            args = tuple(inputs.values())
+            table = bug_table(bugs or {}, wrong or reference, *args)
+            self.case(name, lambda **given: answer(*given.values()), reference(*args), table, inputs=inputs, **options)
+
+    def _run(self, call: Callable[[], Any], seconds: float) -> tuple[Any, BaseException | None]:
+        """``call()`` within ``seconds`` (SIGALRM where possible), watched for the refused library calls."""
+        run = _run_with_alarm if _can_use_alarm() else _run_in_thread
+        if not self._refused:
+            return run(call, seconds)
+        codes, called = self._refused, self._called
+        return run(lambda: _profiled(codes, called, call), seconds)
 
     def _fail(self, name: str, problem: str, hint: str | Hint) -> None:
         self.failures += 1
@@ -726,14 +740,24 @@ def checker(
     register it in :data:`REGISTRY` under its chapter module.
 
     ``@checker`` checks a function; ``@checker(answer="value")`` checks a value (a prediction), passed to
-    ``body`` as it is. Either way an unanswered starter (``...``) gets "not answered yet" and no case runs,
-    and every call is recorded for the grader (:func:`grader_records`). ``@checker(starter=SOURCE)`` declares a
-    *Spot the bug* exercise's starter cell, ``SOURCE`` (its source as in the notebook): an answer with the
-    code of a function or class it defines, unchanged but for whitespace and comments, is "not answered yet".
-    ``reference`` is a right answer, computed independently of the checker's own where possible (the library's
-    function): the shared tests hand it to the checker. ``check_<name>.hint()`` prints the fixes in code of its
-    last call; ``check_<name>.starter`` is ``SOURCE``, ``check_<name>.reference`` the right answer.
+    ``body`` as it is. An unanswered starter (``...``) gets "not answered yet" and no case runs; every call is
+    recorded for the grader (:func:`grader_records`). ``@checker(starter=SOURCE)`` declares a *Spot the bug*
+    starter cell (its source as in the notebook): the code of a function or class it defines, unchanged but
+    for whitespace and comments, is "not answered yet". ``reference`` is a right answer found independently
+    where possible (the library's function); the shared tests hand it to the checker. ``check_<name>.hint()``
+    prints the fixes in code of its last call; ``.starter`` and ``.reference`` are the arguments.
     """
+    _validate_checker_arguments(answer, starter)
+    if body is None:
+        return functools.partial(checker, answer=answer, starter=starter, reference=reference)
+    check = _public_checker(body, answer, starter)
+    vars(check).update(answer_kind=answer, starter=starter, reference=reference)
+    if (body.__module__ or "").startswith(__name__.rpartition(".")[0] + ".ch"):  # a chapter's checker, not a test's
+        REGISTRY.setdefault(body.__module__, {})[body.__name__] = check
+    return check
+
+
+def _validate_checker_arguments(answer: str, starter: str | None) -> None:
     if answer not in _ANSWER_KINDS:
         raise ValueError(f'answer must be "function" or "value", got {answer!r}')
     if starter is not None and (answer != "function" or not isinstance(starter, str)):
@@ -741,8 +765,10 @@ def checker(
             f'starter is the source of a Spot the bug starter cell, a str, for answer="function"; got '
             f"{type(starter).__name__} with answer={answer!r}"
         )
-    if body is None:
-        return functools.partial(checker, answer=answer, starter=starter, reference=reference)
+
+
+def _public_checker(body: Callable[..., None], answer: str, starter: str | None) -> Any:
+    """``check(given) -> CheckResult``, which runs ``body``, prints and records the result, with its ``hint()``."""
     title = body.__name__
     starter_cell = None if starter is None else _compiled(starter)  # a typo in it fails at import
     last: list[CheckResult] = []  # the last call's result, for check.hint()
@@ -763,7 +789,5 @@ def checker(
 
     _public_signature(check, body)
     hint.__qualname__ = f"{title}.hint"
-    vars(check).update(answer_kind=answer, starter=starter, reference=reference, hint=hint)
-    if (body.__module__ or "").startswith(__name__.rpartition(".")[0] + ".ch"):  # a chapter's checker, not a test's
-        REGISTRY.setdefault(body.__module__, {})[title] = check
+    vars(check)["hint"] = hint
     return check
