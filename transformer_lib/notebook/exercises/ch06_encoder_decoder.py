@@ -5,7 +5,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -13,7 +14,7 @@ from torch import Tensor, nn
 
 from ... import decoding
 from ...tasks import ALPHABETS, BOS, EOS, PAD, Seq2SeqTokenizer
-from ._framework import Bug, Checker, Hint, bug_table, checker
+from ._framework import Checker, Hint, checker
 
 ANSWER_MARKERS: dict[str, tuple[str, ...]] = {  # exercise label -> what gives its answer away
     "ex-greedy-batch": ("masked_fill(finished", "finished.all()", "masked_fill(done", "done.all()", "cut short"),
@@ -44,11 +45,9 @@ _AFTER = 3  # what the stand-in model writes once it has written its <eos>
 
 
 class _CopyModel(nn.Module):
-    """A stand-in for a trained :class:`~transformer_lib.Seq2SeqTransformer` whose output is its source: at target
-    position t it is sure of the source's t-th token while there is one, then of ``<eos>``, then of a token
-    (:data:`_AFTER`) that greedy decoding must replace by padding. Its rows end at different steps when its sources
-    have different lengths. It has the model's ``encode``, ``decode`` (with ``caches``, then ``tgt`` holds the new
-    tokens only), ``forward`` and ``new_caches``. Shapes: src (B, S), tgt (B, T) -> logits (B, T, vocab_size)."""
+    """A stand-in for a trained :class:`~transformer_lib.Seq2SeqTransformer` that writes its source back, then
+    ``<eos>``, then :data:`_AFTER` (which greedy decoding must replace by padding): rows of different lengths end
+    at different steps. ``decode`` with ``caches`` takes the new tokens only, as the model's does."""
 
     pad_id = PAD
 
@@ -64,8 +63,7 @@ class _CopyModel(nn.Module):
         if caches:
             caches[0]["length"] += tgt.shape[1]
         t = torch.arange(offset, offset + tgt.shape[1], device=tgt.device)  # (T,) the target positions
-        S = src.shape[1]
-        copied = src.gather(1, t.clamp(max=S - 1).expand(src.shape[0], -1))  # (B, T) the source's t-th token
+        copied = src.gather(1, t.clamp(max=src.shape[1] - 1).expand(src.shape[0], -1))  # (B, T) source's t-th
         n = (src != PAD).sum(1, keepdim=True)  # (B, 1) each source's length
         after = torch.where(t == n, EOS, _AFTER)  # (B, T)
         return 10.0 * F.one_hot(torch.where(t < n, copied, after), self.vocab_size).float()
@@ -79,10 +77,7 @@ class _CopyModel(nn.Module):
 
 @torch.no_grad()
 def _greedy_batch(model: nn.Module, src: Tensor, max_len: int, *, bug: str = "") -> Tensor:
-    """Greedy decoding of a batch, or one of the wrong loops of :data:`_GREEDY_BUGS`: the starter's "first eos"
-    (the batch stops at its first <eos>), "this step" (it stops when every row writes <eos> at the same step),
-    "no padding" (a finished row keeps writing), "eos padded" (a row's <eos> itself is padded), "never stops".
-    Shapes: src (B, S) -> (B, <= max_len + 1)."""
+    """Greedy decoding of a batch, or with a bug of :data:`_GREEDY_BUGS`. Shapes: src (B, S) -> (B, <= max_len + 1)."""
     memory = model.encode(src)
     ys = torch.full((src.shape[0], 1), BOS, device=src.device)
     done = torch.zeros(src.shape[0], dtype=torch.bool, device=src.device)
@@ -103,18 +98,18 @@ def _greedy_batch(model: nn.Module, src: Tensor, max_len: int, *, bug: str = "")
 _DECODING = "reread 'Decoding' and the output convention of greedy_decode: <pad> after a row's <eos>"
 _GREEDY_FIX = (
     "keep a mask of the finished rows, done = torch.zeros(B, dtype=torch.bool); at each step next_id = "
-    "next_id.masked_fill(done, PAD), append it, done |= next_id == EOS, and stop when done.all()"
+    "next_id.masked_fill(done, PAD), append it, done |= next_id == EOS, and stop when done.all()."
 )
 _GREEDY_BUGS = {  # bug -> hint, for _greedy_batch(..., bug=bug)
     "first eos": Hint(
         "your loop stops the whole batch as soon as ONE row writes its <eos>: the rows that need more steps are "
         "cut short. It is right only when every row of the batch ends at the same step.",
-        _GREEDY_FIX + ".",
+        _GREEDY_FIX,
     ),
     "this step": Hint(
         "your loop stops only when every row writes <eos> at the same step; a row that finished earlier has moved "
         f"on to other tokens, so the loop runs to max_len, and the finished rows keep writing; {_DECODING}.",
-        _GREEDY_FIX + ".",
+        _GREEDY_FIX,
     ),
     "no padding": Hint(
         f"a finished row keeps writing after its <eos>: each row must remember that it is done; {_DECODING}.",
@@ -130,6 +125,11 @@ _GREEDY_BUGS = {  # bug -> hint, for _greedy_batch(..., bug=bug)
         "if done.all(): break, after done |= next_id == EOS.",
     ),
 }
+_GREEDY_HINT = Hint(
+    f"each row ends at its own <eos>: after it the row holds <pad>, and the loop stops once every row has ended; "
+    f"{_DECODING}.",
+    _GREEDY_FIX,
+)
 _GREEDY_CASES = (  # (name, sources (B, S) padded with PAD, max_len)
     ("a batch of one source", [[5, 6, 7, 8]], 8),
     ("3 sources of one length: every row ends at the same step, as dates do", [[5, 6, 7], [8, 9, 10], [4, 4, 11]], 8),
@@ -144,37 +144,26 @@ _GREEDY_CASES = (  # (name, sources (B, S) padded with PAD, max_len)
     reference=lambda model, src, max_len: decoding._greedy(model, src, max_len, BOS, EOS, PAD, True),
 )
 def check_greedy_batch(c: Checker, greedy_batch: Callable[[nn.Module, Tensor, int], Tensor]) -> None:
-    """Check ``greedy_batch(model, src, max_len)``: greedy decoding of a batch, as
-    ``transformer_lib.decoding.greedy_decode(model, src, max_len, bos_id=BOS, eos_id=EOS)`` returns it (``<bos>``,
-    then each row's tokens up to its ``<eos>``, then ``<pad>``; stopping once every row has written ``<eos>``, or
-    after ``max_len`` tokens), with a loop of the answer's own.
-
-    The model is a stand-in that writes its source back, then ``<eos>``. Shapes: src (B, S) -> (B, <= max_len + 1).
-    """
+    """Check ``greedy_batch(model, src, max_len)``, a loop of the answer's own: greedy decoding of a batch as
+    ``decoding.greedy_decode`` returns it (``<bos>``, each row's tokens up to its ``<eos>``, then ``<pad>``;
+    stopping once every row has written ``<eos>``, or after ``max_len`` tokens). Shapes: src (B, S) ->
+    (B, <= max_len + 1). The model is a stand-in that writes its source back, then ``<eos>``."""
     model = _CopyModel()
-    refusal = c.refuse_library_calls(
+    with c.refuse_library_calls(
         decoding.greedy_decode,
         decoding.beam_search,
         name="a loop of your own, without the library's decoders",
         hint="the exercise asks you to fix the loop: the library's decoder is what the checker compares it with.",
-    )
-    with refusal:
-        for name, src, max_len in _GREEDY_CASES:
-            src = torch.tensor(src)
-            c.case(
-                name,
-                lambda model, src, max_len: greedy_batch(model, src, max_len),
-                _greedy_batch(model, src, max_len),
-                bugs=bug_table(_GREEDY_BUGS, _greedy_batch, model, src, max_len),
-                hint=Hint(
-                    "each row ends at its own <eos>: after it the row holds <pad>, and the loop stops once every row "
-                    f"has ended; {_DECODING}.",
-                    _GREEDY_FIX + ".",
-                ),
-                error_hint="the model is called as in the chapter: memory = model.encode(src), then "
-                "model.decode(ys, memory, src), whose logits have shape (B, T, V).",
-                inputs={"model": model, "src": src, "max_len": max_len},
-            )
+    ):
+        c.cases(
+            greedy_batch,
+            ((name, {"model": model, "src": torch.tensor(src), "max_len": n}) for name, src, n in _GREEDY_CASES),
+            _greedy_batch,
+            _GREEDY_BUGS,
+            hint=_GREEDY_HINT,
+            error_hint="the model is called as in the chapter: memory = model.encode(src), then "
+            "model.decode(ys, memory, src), whose logits have shape (B, T, V).",
+        )
 
 
 # ---------------------------------------------------------------- Predict, then run: a sure prediction, smoothed
@@ -186,11 +175,9 @@ equal), label smoothing ``eps``, over the vocabulary of the dates task (42 token
 
 
 def smoothed_loss(margin: float, eps: float, vocab_size: int) -> float:
-    """``F.cross_entropy(..., label_smoothing=eps)`` for logits whose right token is ``margin`` above the others.
-
-    About eps (V - 1) / V · margin for a large margin: each of the V - 1 wrong tokens gets eps / V of the target
-    and a log-probability of about -margin.
-    """
+    """``F.cross_entropy(..., label_smoothing=eps)`` for logits whose right token is ``margin`` above the others:
+    about eps (V - 1) / V · margin, each of the V - 1 wrong tokens getting eps / V of the target and a
+    log-probability of about -margin."""
     logits = torch.zeros(1, vocab_size, dtype=torch.float64)
     logits[0, 0] = margin
     return F.cross_entropy(logits, torch.tensor([0]), label_smoothing=eps).item()
@@ -204,9 +191,18 @@ def check_smoothed_loss(c: Checker, prediction: float) -> None:
     """Check ``prediction``, the label-smoothed loss (eps = 0.1) of a prediction that is sure and right: the
     right token's logit 20 above every other, over the 42-token vocabulary of chapter 6's dates task."""
     margin, eps, V = SMOOTHED_SETUP["margin"], SMOOTHED_SETUP["eps"], SMOOTHED_SETUP["vocab_size"]
-    expected = smoothed_loss(margin, eps, V)
     q_right = 1 - eps + eps / V
     entropy = -(q_right * math.log(q_right) + (V - 1) * eps / V * math.log(eps / V))  # the loss at its minimum
+    mistakes = {
+        0.0: "that is the loss without smoothing (the right token's probability is 1 - 8e-8). The smoothed target "
+        f"is not one-hot: which tokens does it give weight to, and what is the model's log-probability of them at "
+        f"a margin of {margin:g}? {_SMOOTHING}.",
+        entropy: "that is the LOWEST smoothed loss, the entropy of the target q, reached when the prediction "
+        f"equals q (a margin of about 5.9). At a margin of {margin:g} the model is far surer than q, and pays for "
+        "it.",
+        (V - 1) * margin * eps: "each wrong token's weight in the smoothed target is eps / V, not eps: together "
+        "the wrong tokens hold less than eps.",
+    }
     fix = (
         f"q puts eps / V on each of the {V - 1} wrong tokens, whose log-probability is about -{margin:g}, and the "
         f"right token's log-probability is about 0: the loss is about eps · (V - 1) / V · {margin:g}."
@@ -214,35 +210,8 @@ def check_smoothed_loss(c: Checker, prediction: float) -> None:
     c.case(
         f"margin {margin:g}, eps={eps}, V={V}",
         lambda: prediction,
-        expected,
-        bugs=(
-            Bug(
-                lambda: 0.0,
-                Hint(
-                    "that is the loss without smoothing (the right token's probability is 1 - 8e-8). The smoothed "
-                    f"target is not one-hot: which tokens does it give weight to, and what is the model's "
-                    f"log-probability of them at a margin of {margin:g}? {_SMOOTHING}.",
-                    fix,
-                ),
-            ),
-            Bug(
-                lambda: entropy,
-                Hint(
-                    "that is the LOWEST smoothed loss, the entropy of the target q, reached when the prediction "
-                    f"equals q (a margin of about 5.9). At a margin of {margin:g} the model is far surer than q, and "
-                    "pays for it.",
-                    fix,
-                ),
-            ),
-            Bug(
-                lambda: (V - 1) * margin * eps,
-                Hint(
-                    "each wrong token's weight in the smoothed target is eps / V, not eps: together the wrong tokens "
-                    "hold less than eps.",
-                    fix,
-                ),
-            ),
-        ),
+        smoothed_loss(margin, eps, V),
+        bugs={value: Hint(concept, fix) for value, concept in mistakes.items()},
         hint=Hint(
             "the loss is -sum_i q_i log p_i: which q_i are not 0, and what are their log p_i when the right token "
             f"takes almost all the probability? {_SMOOTHING}.",
@@ -256,9 +225,8 @@ def check_smoothed_loss(c: Checker, prediction: float) -> None:
 
 
 def _beam_step(scores: Tensor, logp: Tensor, k: int, *, bug: str = "") -> tuple[Tensor, Tensor, Tensor]:
-    """One beam-search step for a batch, or with a classic bug: "no scores" ranks by the new token's
-    log-probability alone, "no offset" numbers the rows j instead of b n + j, "offset k" b k + j, and "swapped"
-    swaps beam and token. Shapes: scores (B, n), logp (B n, V) -> three (B, k)."""
+    """One beam-search step for a batch, or with a bug of :data:`_BEAM_BUGS`.
+    Shapes: scores (B, n), logp (B n, V) -> three (B, k)."""
     B, n = scores.shape
     V = logp.shape[-1]
     scores = torch.zeros_like(scores) if bug == "no scores" else scores
@@ -298,6 +266,24 @@ _BEAM_BUGS = {  # bug -> hint, for _beam_step(..., bug=bug)
         _ROWS_FIX + ", with n = scores.shape[1].",
     ),
 }
+_BEAM_HINT = Hint(
+    "add each beam's score to its row of logp, then rank all the n·V candidates of an example together "
+    "(reread 'Beam search').",
+    f"view the sums as (B, n * V) and take topk(k) per example; entry f is beam f // V and token f % V, and "
+    f"{_ROWS_FIX}.",
+)
+
+
+def _beam_cases() -> Iterator[tuple[str, dict[str, Any]]]:
+    """Each case's name and inputs: random log-probabilities, and the beams' scores (all 0; all -inf but the
+    first; or random, best first)."""
+    g = torch.Generator().manual_seed(8)
+    for name, B, n, k, V, kind in _BEAM_CASES:
+        logp = torch.randn(B * n, V, generator=g).mul(2).log_softmax(-1)
+        scores = -torch.rand(B, n, generator=g).mul(3).sort(dim=-1).values if kind == "random" else torch.zeros(B, n)
+        if kind == "dead":
+            scores[:, 1:] = float("-inf")
+        yield name, {"scores": scores, "logp": logp, "k": k}
 
 
 def _beam_step_by_topk(scores: Tensor, logp: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -316,26 +302,4 @@ def check_beam_step(c: Checker, beam_step: Callable[..., tuple[Tensor, Tensor, T
     being b n ... b n + n - 1. For each example, the ``k`` best one-token extensions, best first:
     ``new_scores`` (B, k), ``rows`` (B, k) the row of ``logp`` each one extends, ``tokens`` (B, k) its token.
     """
-    g = torch.Generator().manual_seed(8)
-    for name, B, n, k, V, kind in _BEAM_CASES:
-        logp = torch.randn(B * n, V, generator=g).mul(2).log_softmax(-1)
-        if kind == "zero":
-            scores = torch.zeros(B, n)
-        elif kind == "dead":
-            scores = torch.full((B, n), float("-inf"))
-            scores[:, 0] = 0.0
-        else:
-            scores = -torch.rand(B, n, generator=g).mul(3).sort(dim=-1).values  # best beam first
-        c.case(
-            name,
-            lambda scores, logp, k: beam_step(scores, logp, k),
-            _beam_step(scores, logp, k),
-            bugs=bug_table(_BEAM_BUGS, _beam_step, scores, logp, k),
-            hint=Hint(
-                "add each beam's score to its row of logp, then rank all the n·V candidates of an example together "
-                "(reread 'Beam search').",
-                "view the sums as (B, n * V) and take topk(k) per example; entry f is beam f // V and token f % V, "
-                "and " + _ROWS_FIX + ".",
-            ),
-            inputs={"scores": scores, "logp": logp, "k": k},
-        )
+    c.cases(beam_step, _beam_cases(), _beam_step, _BEAM_BUGS, hint=_BEAM_HINT)
