@@ -1,13 +1,9 @@
 """A GPT as an ONNX file, run by ONNX Runtime: ``export_onnx`` writes it, ``OnnxGPT`` runs it.
 
-ONNX is a file format for a computation graph and its weights; ONNX Runtime executes such a file
-without PyTorch (on a server, in a browser, on a phone). The exported graph maps token ids
-(B, T) to logits (B, T, vocab_size), with the batch size and the sequence length (up to
-``block_size``) left free: the training-time extras (the loss, the dropout, the KV cache) stay out.
-
-The packages are optional (``pip install transformer_lib[deploy]``): onnx and onnxscript to
-export, onnxruntime to run. They are imported inside the functions, so the rest of the library
-works without them.
+The exported graph maps token ids (B, T) to logits (B, T, vocab_size), the batch size and the
+sequence length (up to ``block_size``) free; the loss, the dropout and the KV cache stay out. The
+packages are optional (``pip install transformer_lib[deploy]``): onnx and onnxscript to export,
+onnxruntime to run; they are imported inside the functions.
 """
 
 from __future__ import annotations
@@ -19,7 +15,7 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import cast
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -46,7 +42,7 @@ def _require(module: str, pip_name: str, what: str) -> ModuleType:
 
 @contextlib.contextmanager
 def _quiet(name: str) -> Iterator[None]:
-    """Lower a logger (and its children that have no level of their own) to errors inside a ``with`` block."""
+    """Only errors from the logger ``name`` (and its children without a level of their own) inside the block."""
     logger = logging.getLogger(name)
     level = logger.level
     logger.setLevel(logging.ERROR)
@@ -57,10 +53,8 @@ def _quiet(name: str) -> Iterator[None]:
 
 
 class _Logits(nn.Module):
-    """What goes into the file: a GPT's logits for token ids, without the checks, the loss and the cache.
-
-    The checks (``_validate_token_ids``: a range test that reads the ids' values) are Python
-    control flow on data, which a graph cannot hold; :class:`OnnxGPT` runs them before the graph.
+    """What goes into the file: a GPT's logits, without the checks (Python control flow on the ids' values,
+    which a graph cannot hold; :class:`OnnxGPT` runs them before the graph), the loss and the cache.
 
     Shapes: idx (B, T) -> logits (B, T, vocab_size).
     """
@@ -80,11 +74,7 @@ def export_onnx(model: GPT, path: str | Path, example_ids: Tensor | None = None,
     ``dynamic=False`` fixes both to the shape of ``example_ids``. ``example_ids`` (B, T) is the input
     the exporter runs the model on; by default (2, min(8, block_size)) token ids. The model's
     ``vocab_size`` and ``block_size`` go into the file's metadata, for :class:`OnnxGPT`'s checks.
-
-    The exporter is ``torch.export`` (``dynamo=True``): it captures the whole forward pass as a
-    graph, with the dynamic axes as symbols checked against the code, and onnxscript translates
-    each operator, offline. (The legacy TorchScript exporter traces: each Python ``if`` on a shape
-    would be frozen to the example's branch, and it cannot translate ``aten::rms_norm``.)
+    The exporter is ``torch.export`` (``dynamo=True``), translated by onnxscript, offline.
 
     Shapes: example_ids (B, T); the file maps ids (B, T) -> logits (B, T, vocab_size).
 
@@ -92,31 +82,40 @@ def export_onnx(model: GPT, path: str | Path, example_ids: Tensor | None = None,
     """
     if not isinstance(model, GPT):
         raise TypeError(f"model must be a transformer_lib.GPT, got {type(model).__name__}")
-    if not isinstance(dynamic, bool):
-        raise TypeError(f"dynamic must be a bool, got {type(dynamic).__name__}")
     _require("onnx", "onnx", "export_onnx")
     _require("onnxscript", "onnxscript", "export_onnx")
     config = model.config
-    device = next(model.parameters()).device
     if example_ids is None:
         example_ids = torch.arange(2 * min(8, config.block_size)).reshape(2, -1) % config.vocab_size
-    example_ids = _validate_token_ids("example_ids", example_ids, config.vocab_size, config.block_size).to(device)
-    B, T = example_ids.shape
-    dynamic_shapes = None
-    if dynamic:
-        # torch.export treats a size of 0 or 1 in the example as a constant: the example must not.
-        if B < 2 or (T < 2 and config.block_size >= 2):
-            raise ValueError(f"example_ids for a dynamic export needs batch >= 2 and length >= 2, got shape {(B, T)}")
-        seq = torch.export.Dim("T", min=1, max=config.block_size) if config.block_size >= 2 else None
-        dynamic_shapes = {"idx": {0: torch.export.Dim("B", min=1), 1: seq}}
+    example_ids = _validate_token_ids("example_ids", example_ids, config.vocab_size, config.block_size)
+    example_ids = example_ids.to(next(model.parameters()).device)
+    program = _program(model, example_ids, _dynamic_shapes(example_ids, config.block_size) if dynamic else None)
+    program.model.metadata_props[_META_VOCAB] = str(config.vocab_size)
+    program.model.metadata_props[_META_BLOCK] = str(config.block_size)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    program.save(path, external_data=weight_bytes > _PROTOBUF_LIMIT)
+    return path
+
+
+def _dynamic_shapes(example_ids: Tensor, block_size: int) -> dict[str, dict[int, Any]]:
+    """The batch free and the length free up to ``block_size``. ``torch.export`` treats a size of 0 or 1 in
+    the example as a constant, so the example must be at least (2, 2)."""
+    B, T = example_ids.shape
+    if B < 2 or (T < 2 and block_size >= 2):
+        raise ValueError(f"example_ids for a dynamic export needs batch >= 2 and length >= 2, got shape {(B, T)}")
+    seq = torch.export.Dim("T", min=1, max=block_size) if block_size >= 2 else None
+    return {"idx": {0: torch.export.Dim("B", min=1), 1: seq}}
+
+
+def _program(model: GPT, example_ids: Tensor, dynamic_shapes: dict[str, Any] | None) -> torch.onnx.ONNXProgram:
+    """``torch.onnx.export``'s program of ``model``'s logits, in eval mode, the exporter's own notices silenced."""
     with eval_mode(model), warnings.catch_warnings(), _quiet("torch.onnx"):
-        for category in (FutureWarning, DeprecationWarning):  # the exporter's own notices, not about the model
+        for category in (FutureWarning, DeprecationWarning):
             warnings.simplefilter("ignore", category)
         # dynamo=True returns the program (None is the legacy exporter's answer; the stub has no overload)
-        program = cast(
+        return cast(
             "torch.onnx.ONNXProgram",
             torch.onnx.export(
                 _Logits(model).eval(),
@@ -128,10 +127,6 @@ def export_onnx(model: GPT, path: str | Path, example_ids: Tensor | None = None,
                 verbose=False,
             ),
         )
-    program.model.metadata_props[_META_VOCAB] = str(config.vocab_size)
-    program.model.metadata_props[_META_BLOCK] = str(config.block_size)
-    program.save(path, external_data=weight_bytes > _PROTOBUF_LIMIT)
-    return path
 
 
 class OnnxGPT:
