@@ -133,35 +133,14 @@ def _beam(
     best: list[tuple[float, Tensor] | None] = [None] * B  # per example: (normalized score, finished output)
     for t in range(1, max_len + 1):
         logp = model.decode(seqs[:, -1:], memory, src_k, caches=caches)[:, -1].log_softmax(-1)  # (B k, V)
-        V = logp.shape[-1]
-        total = (scores.reshape(B * k, 1) + logp).reshape(B, k * V)
+        total = (scores.reshape(B * k, 1) + logp).reshape(B, -1)  # (B, k V)
         top, flat = total.topk(2 * k, dim=-1)  # (B, 2k): room to replace beams that just finished
-        # The choice of beams is per example and per candidate: in Python, on lists copied from the device once
-        # per step (element by element on a GPU, every read would wait for the GPU).
-        top_rows, flat_rows, finished_from = top.tolist(), flat.tolist(), None
-        new_scores = [[float("-inf")] * k for _ in range(B)]  # (B, k)
-        new_index = [[0] * k for _ in range(B)]  # (B, k): the row of seqs each new beam extends
-        new_token = [[pad_id] * k for _ in range(B)]  # (B, k)
-        for b in range(B):
-            filled = 0
-            for score, f in zip(top_rows[b], flat_rows[b], strict=True):
-                if score == float("-inf"):
-                    break
-                src_beam, tok = divmod(f, V)  # candidate f extends beam f // V by token f % V
-                if tok == eos_id:  # a finished hypothesis: keep the best by normalized score
-                    norm, kept = score / (t**length_penalty), best[b]
-                    if kept is None or norm > kept[0]:
-                        finished_from = seqs.cpu() if finished_from is None else finished_from  # (B k, t)
-                        best[b] = (norm, torch.cat([finished_from[b * k + src_beam], torch.tensor([eos_id])]))
-                    continue
-                new_scores[b][filled], new_index[b][filled], new_token[b][filled] = score, b * k + src_beam, tok
-                filled += 1
-                if filled == k:
-                    break
-        index = torch.tensor(new_index, device=device).flatten()  # (B k,)
+        beams = _next_beams(top, flat, logp.shape[-1], seqs, best, eos_id, pad_id, t**length_penalty)
+        new_scores, rows, tokens = zip(*beams, strict=True)
+        index = torch.tensor(rows, device=device)  # (B k,)
         _reorder(caches, index)
-        seqs = torch.cat([seqs.index_select(0, index), torch.tensor(new_token, device=device).view(B * k, 1)], dim=1)
-        scores = torch.tensor(new_scores, dtype=scores.dtype, device=device)  # (B, k)
+        seqs = torch.cat([seqs.index_select(0, index), torch.tensor(tokens, device=device)[:, None]], dim=1)
+        scores = torch.tensor(new_scores, dtype=scores.dtype, device=device).view(B, k)
         # stop when no live beam can beat the best finished hypothesis of its example
         bound = (scores.max(-1).values / (max_len**length_penalty if length_penalty > 0 else 1.0)).tolist()
         if all(kept is not None and bound[b] <= kept[0] for b, kept in enumerate(best)):
@@ -170,3 +149,40 @@ def _beam(
     live, best_live = seqs.cpu(), scores.argmax(-1).tolist()
     results = [live[b * k + best_live[b]] if kept is None else kept[1] for b, kept in enumerate(best)]
     return torch.nn.utils.rnn.pad_sequence(results, batch_first=True, padding_value=pad_id).to(device)
+
+
+def _next_beams(
+    top: Tensor,
+    flat: Tensor,
+    V: int,
+    seqs: Tensor,
+    best: list[tuple[float, Tensor] | None],
+    eos_id: int,
+    pad_id: int,
+    length_norm: float,
+) -> list[tuple[float, int, int]]:
+    """The ``k`` live beams of each example, from its best candidates: ``(score, row of seqs it extends, new
+    token)``, ``B k`` in all. A candidate ending in ``eos_id`` is finished instead: it replaces ``best[b]``
+    when its score / ``length_norm`` is higher.
+
+    Shapes: top, flat (B, 2k), candidate f extending beam f // V by token f % V; seqs (B k, t).
+    """
+    k = seqs.shape[0] // top.shape[0]
+    # Per example and per candidate, in Python on lists copied from the device once (element by element on a
+    # GPU, every read would wait for the GPU).
+    finished_from = None
+    chosen: list[tuple[float, int, int]] = []
+    for b, (top_row, flat_row) in enumerate(zip(top.tolist(), flat.tolist(), strict=True)):
+        live: list[tuple[float, int, int]] = []
+        for score, f in zip(top_row, flat_row, strict=True):
+            if score == float("-inf") or len(live) == k:
+                break
+            row, tok = b * k + f // V, f % V
+            kept = best[b]
+            if tok != eos_id:
+                live.append((score, row, tok))
+            elif kept is None or score / length_norm > kept[0]:  # a finished hypothesis, the best so far
+                finished_from = seqs.cpu() if finished_from is None else finished_from  # (B k, t)
+                best[b] = (score / length_norm, torch.cat([finished_from[row], torch.tensor([eos_id])]))
+        chosen += live + [(float("-inf"), 0, pad_id)] * (k - len(live))
+    return chosen
