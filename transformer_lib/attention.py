@@ -1,9 +1,7 @@
 """Scaled dot-product attention and multi-head attention (chapters 1 and 3).
 
-The explicit :func:`scaled_dot_product_attention` is the textbook formula
-``softmax(q k^T / sqrt(d_k)) v``; :class:`MultiHeadAttention` uses it when the
-caller asks for the attention weights, and PyTorch's fused
-``F.scaled_dot_product_attention`` otherwise. Tests prove both paths equal.
+The explicit :func:`scaled_dot_product_attention` is the textbook ``softmax(q k^T / sqrt(d_k)) v``;
+:class:`MultiHeadAttention` uses it when asked for the weights, and PyTorch's fused kernel otherwise.
 """
 
 from __future__ import annotations
@@ -31,10 +29,9 @@ def scaled_dot_product_attention(
 ) -> tuple[Tensor, Tensor]:
     """Explicit attention: ``weights = softmax(q k^T * scale + bias)``, ``out = weights v``.
 
-    ``scale`` defaults to ``1 / sqrt(d_k)``. ``mask`` is boolean, True = may attend.
-    ``bias`` is an optional additive float bias on the scores (e.g. ALiBi's), applied before the mask.
-    A query whose keys are all masked gets zero weights and a zero output (never NaN).
-    ``dropout_p`` drops attention weights (use 0 at evaluation time).
+    ``scale`` defaults to ``1 / sqrt(d_k)``; ``mask`` is boolean, True = may attend; ``bias`` is an additive
+    float bias on the scores (e.g. ALiBi's). A query whose keys are all masked gets zero weights and a zero
+    output (never NaN). ``dropout_p`` drops attention weights (use 0 at evaluation time).
 
     Shapes:
         q: (..., T_q, d_k), k: (..., T_k, d_k), v: (..., T_k, d_v),
@@ -43,14 +40,7 @@ def scaled_dot_product_attention(
 
     Defined in chapter 1, Attention.
     """
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        _validate_tensor(name, t, floating=True)
-        if t.dim() < 2:
-            raise ValueError(f"{name} must have shape (..., T, d), got shape {tuple(t.shape)}")
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"q and k must share the last dimension d_k, got q {tuple(q.shape)} and k {tuple(k.shape)}")
-    if k.shape[-2] != v.shape[-2]:
-        raise ValueError(f"k and v must have the same length T_k, got k {tuple(k.shape)} and v {tuple(v.shape)}")
+    _validate_qkv(q, k, v)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     scores = (q @ k.transpose(-2, -1)) * scale  # (..., T_q, T_k)
     if bias is not None:
@@ -68,14 +58,21 @@ def scaled_dot_product_attention(
     return weights @ v, weights
 
 
+def _validate_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _validate_tensor(name, t, floating=True)
+        if t.dim() < 2:
+            raise ValueError(f"{name} must have shape (..., T, d), got shape {tuple(t.shape)}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k must share the last dimension d_k, got q {tuple(q.shape)} and k {tuple(k.shape)}")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"k and v must have the same length T_k, got k {tuple(k.shape)} and v {tuple(v.shape)}")
+
+
 @dataclass
 class KVCache:
-    """Keys and values of earlier positions, kept for incremental decoding.
-
-    For self-attention (``static=False``) each call appends the new positions' keys
-    and values. For cross-attention (``static=True``) the first call projects the
-    encoder memory once and later calls reuse it. With grouped-query attention the
-    cache holds only the ``n_kv_heads`` key/value heads.
+    """Keys and values of earlier positions, for incremental decoding: self-attention (``static=False``)
+    appends each call's new positions; cross-attention (``static=True``) keeps the memory's, projected once.
 
     Shapes: k, v (B, n_kv_heads, T_cache, d_head).
     """
@@ -86,11 +83,6 @@ class KVCache:
 
     def __len__(self) -> int:
         return 0 if self.k is None else self.k.shape[-2]
-
-    @property
-    def past_length(self) -> int:
-        """How many earlier positions precede the new queries (0 for cross-attention)."""
-        return 0 if self.static else len(self)
 
     def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Store the new keys and values (append them, for self-attention); return all of them.
@@ -105,9 +97,8 @@ class KVCache:
 
 
 def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
-    """Grouped-query attention: repeat each key/value head for the ``n_rep`` query heads that share it.
-
-    Query head h reads key/value head ``h // n_rep``.
+    """Grouped-query attention: repeat each key/value head for the ``n_rep`` query heads that share it
+    (query head h reads key/value head ``h // n_rep``).
 
     Shapes: x (B, n_kv_heads, T, d_head) -> (B, n_kv_heads * n_rep, T, d_head).
     """
@@ -115,23 +106,15 @@ def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
 
 
 class MultiHeadAttention(nn.Module):
-    """Multi-head attention with separate q/k/v projections and an output projection.
+    """Multi-head attention: q/k/v projections, ``n_heads`` heads of ``d_head = d_model // n_heads``, an
+    output projection. ``need_weights=True`` runs the explicit path and also returns the per-head weights;
+    otherwise ``F.scaled_dot_product_attention`` runs. ``rotary`` (a
+    :class:`~transformer_lib.positional.RotaryEmbedding`) rotates q and k; ``alibi`` (an
+    :class:`~transformer_lib.positional.ALiBi`) biases the scores, causal self-attention only.
+    ``n_kv_heads < n_heads`` gives grouped-query attention (1: multi-query).
 
-    ``forward(query, key, value)`` projects, splits into ``n_heads`` heads of size
-    ``d_head = d_model // n_heads``, attends in every head at once, merges heads and
-    projects back. With ``need_weights=True`` it runs the explicit path and also
-    returns the per-head weights; otherwise it calls ``F.scaled_dot_product_attention``.
-    An optional :class:`~transformer_lib.positional.RotaryEmbedding` rotates q and k; an optional
-    :class:`~transformer_lib.positional.ALiBi` adds its distance bias to the scores (causal
-    self-attention only; with a cache the new queries sit after the cached keys).
-    ``n_kv_heads < n_heads`` gives grouped-query attention (``n_kv_heads=1``: multi-query):
-    the keys and values have fewer heads, each shared by ``n_heads // n_kv_heads`` query heads.
-
-    Masks: ``mask`` broadcasts to (B, n_heads, T_q, T_k) by PyTorch's rules, so a 2-D mask is
-    always read as (T_q, T_k), the same for every example. A per-example padding mask (B, T_k) goes
-    in ``key_padding_mask``: passed as ``mask``, it is refused when B != T_q, but when B == T_q its
-    shape is also (T_q, T_k) and nothing can tell the two apart: it is read as (T_q, T_k). For a
-    padding mask use ``key_padding_mask``, or ``mask[:, None, None, :]`` (B, 1, 1, T_k).
+    Masks: ``mask`` broadcasts to (B, n_heads, T_q, T_k) by PyTorch's rules, so a 2-D mask is always
+    (T_q, T_k); a per-example padding mask (B, T_k) goes in ``key_padding_mask`` (True = a real key).
 
     Shapes:
         query (B, T_q, d_model), key/value (B, T_k, d_model),
@@ -201,44 +184,42 @@ class MultiHeadAttention(nn.Module):
     ) -> Tensor | tuple[Tensor, Tensor]:
         """Attend from ``query`` to ``key``/``value`` (both default to ``query``: self-attention).
 
-        ``mask`` broadcasts to (B, n_heads, T_q, T_k); a 2-D mask always means (T_q, T_k).
-        ``key_padding_mask`` (B, T_k), True for real keys, hides each example's padding.
-        ``is_causal=True`` adds a causal mask (aligned to the bottom right when a cache holds
-        earlier positions). ``cache`` enables incremental decoding. ``positions`` (B, T_q) or
-        (T_q,) gives RoPE the absolute position of each new token (default: contiguous, after
-        the cached ones), e.g. for left-padded batches.
+        ``is_causal=True`` adds a causal mask (aligned to the bottom right when a cache holds earlier
+        positions); ``cache`` enables incremental decoding; ``positions`` (B, T_q) or (T_q,) gives RoPE each
+        new token's absolute position (default: contiguous, after the cached ones).
         """
         key = query if key is None else key
         value = key if value is None else value
         self._validate_inputs(query, key, value)
-        T_past = 0 if cache is None else cache.past_length
-
+        T_past = 0 if cache is None or cache.static else len(cache)
         q = self.split_heads(self.q_proj(query))  # (B, n_heads, T_q, d_head)
-        if cache is not None and cache.static and cache.k is not None and cache.v is not None:
-            k, v = cache.k, cache.v  # the memory's keys and values were projected once
-        else:
-            k, v = (
-                self.split_heads(self.k_proj(key)),
-                self.split_heads(self.v_proj(value)),
-            )  # (B, n_kv_heads, T, d_head)
-            if self.rotary is not None:
-                k = self.rotary(k, offset=T_past, positions=positions)
-            if cache is not None:
-                k, v = cache.update(k, v)  # (B, n_kv_heads, T_k, d_head): earlier positions too
+        k, v = self._keys_values(key, value, cache, T_past, positions)  # (B, n_kv_heads, T_k, d_head)
         if self.rotary is not None:
             q = self.rotary(q, offset=T_past, positions=positions)
         mask = self._combine_masks(mask, key_padding_mask, query.shape[0], q.shape[2], k.shape[2])
-
         bias = None
         if self.alibi is not None:
             if not is_causal:
                 raise ValueError("ALiBi biases causal self-attention: call with is_causal=True")
             bias = self.alibi(q.shape[2], k.shape[2], offset=T_past)  # (n_heads, T_q, T_k)
-
-        k, v = repeat_kv(k, self.n_heads // self.n_kv_heads), repeat_kv(v, self.n_heads // self.n_kv_heads)
-        out, weights = self._attend(q, k, v, mask, is_causal, need_weights, bias)  # (B, n_heads, T_q, d_head)
+        n_rep = self.n_heads // self.n_kv_heads
+        out, weights = self._attend(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), mask, is_causal, need_weights, bias)
         out = self.out_proj(self.merge_heads(out))  # (B, T_q, d_model)
         return out if weights is None else (out, weights)
+
+    def _keys_values(
+        self, key: Tensor, value: Tensor, cache: KVCache | None, T_past: int, positions: Tensor | None
+    ) -> tuple[Tensor, Tensor]:
+        """The keys (rotated) and values to attend to, the cached ones included.
+
+        Shapes: key, value (B, T, d_model) -> k, v (B, n_kv_heads, T_k, d_head).
+        """
+        if cache is not None and cache.static and cache.k is not None and cache.v is not None:
+            return cache.k, cache.v  # the memory's keys and values were projected once
+        k, v = self.split_heads(self.k_proj(key)), self.split_heads(self.v_proj(value))
+        if self.rotary is not None:
+            k = self.rotary(k, offset=T_past, positions=positions)
+        return (k, v) if cache is None else cache.update(k, v)
 
     def _validate_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:
         for name, t in (("query", query), ("key", key), ("value", value)):
