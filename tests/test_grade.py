@@ -158,32 +158,20 @@ def test_what_went_wrong_is_said_per_exercise_and_for_the_notebook(run, exercise
     assert not rows[grade.NOTEBOOK_ROW].passed and notebook_says in rows[grade.NOTEBOOK_ROW].feedback
 
 
-def test_the_chapter_comes_from_metadata_then_headings_then_file_name():
+def test_the_chapter_comes_from_metadata_then_file_name():
     catalogue = load_catalogue()
     chapter, other = sorted(catalogue)[2], sorted(catalogue)[0]
     named = nbformat.v4.new_notebook(metadata={"transformer_book": {"chapter": chapter}})
-    assert list(grade.chapter_clues(named, Path("anything.ipynb"), catalogue).values()) == [chapter]
+    assert grade.chapter_of(named, Path(f"{other}.ipynb"), catalogue) == (chapter, "metadata")  # a renamed copy
     blank = nbformat.v4.new_notebook()
-    assert grade.chapter_clues(blank, Path(f"alice_{chapter}.ipynb"), catalogue) == {"file name": chapter}
-    n = int(chapter[:2])
-    headed = nbformat.v4.new_notebook(cells=[md(f"### Exercise {n}.1: Extend: x"), md(f"Exercise {n}.2")])
-    clues = grade.chapter_clues(headed, Path(f"{other}.ipynb"), catalogue)
-    assert list(clues.items()) == [("headings", chapter), ("file name", other)]  # headings before file name
-    assert grade.chapter_clues(blank, Path("alice.ipynb"), catalogue) == {}
+    assert grade.chapter_of(blank, Path(f"alice_{chapter}.ipynb"), catalogue) == (chapter, "file name")
+    assert grade.chapter_of(blank, Path("alice.ipynb"), catalogue) == ("", "")
 
 
 @pytest.mark.parametrize("metadata", ["01_attention", {"chapter": ["01_attention"]}, {"chapter": {"n": 1}}, ["x"], 5])
 def test_odd_metadata_is_no_chapter_and_no_exception(metadata):
     nb = nbformat.v4.new_notebook(cells=[md("# notes")], metadata={"transformer_book": metadata})
-    assert grade.chapter_clues(nb, Path("alice.ipynb"), load_catalogue()) == {}
-
-
-def test_a_chapter_is_named_by_number_or_name():
-    catalogue = load_catalogue()
-    first = sorted(catalogue)[0]
-    assert grade.resolve_chapter("1", catalogue) == grade.resolve_chapter(first, catalogue) == first
-    with pytest.raises(ValueError, match="no chapter '42'"):
-        grade.resolve_chapter("42", catalogue)
+    assert grade.chapter_of(nb, Path("alice.ipynb"), load_catalogue()) == ("", "")
 
 
 def test_same_file_names_in_two_folders_are_two_students(tmp_path):
@@ -221,7 +209,7 @@ def test_the_csv_names_student_notebook_chapter_score_and_digest(tmp_path):
         ("--memory=nan", "--memory must be from 0.5"),
         ("--memory=inf", "--memory must be from 0.5"),
         ("--memory=1e-12", "--memory must be from 0.5"),  # it meant no limit
-        ("--chapter=42", "--chapter: no chapter '42'"),
+        ("--chapter=42", "--chapter: invalid choice: '42'"),
     ],
 )
 def test_the_command_line_refuses_bad_options(option, says, capsys):
@@ -304,13 +292,12 @@ def test_the_command_line_grades_a_real_chapter_and_the_teachers_copy_gets_full_
 
 
 @pytest.mark.notebooks
-def test_a_renamed_teacher_copy_is_graded_as_its_chapter_with_a_warning(tmp_path):
+def test_a_renamed_teacher_copy_is_graded_as_the_chapter_its_metadata_names(tmp_path):
     chapters = sorted(load_catalogue())
     renamed = tmp_path / f"{chapters[2]}.ipynb"
     renamed.write_bytes((ROOT / "chapters" / f"{chapters[0]}.ipynb").read_bytes())
-    warning, *rows = graded(renamed, 300, load_catalogue())
-    assert warning.exercise == grade.WARNING_ROW and f"the file name says {chapters[2]}" in warning.feedback
-    assert all(r.passed and r.chapter == chapters[0] and r.chapter_from == "metadata" for r in rows), rows
+    rows = graded(renamed, 300, load_catalogue())
+    assert rows and all(r.passed and r.chapter == chapters[0] and r.chapter_from == "metadata" for r in rows), rows
 
 
 @pytest.mark.notebooks
