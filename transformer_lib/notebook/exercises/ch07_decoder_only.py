@@ -1,7 +1,5 @@
-"""Chapter 7, decoder-only models: BPE encoding, SwiGLU's width, the size of a KV cache, a grouped-query cache.
-
-``check_encode_word``, ``check_swiglu_hidden``, ``check_kv_cache_bytes`` (a prediction), ``check_gqa_step``.
-"""
+"""Chapter 7, decoder-only models: ``check_encode_word`` (BPE encoding), ``check_swiglu_hidden`` (SwiGLU's width),
+``check_kv_cache_bytes`` (a prediction: the size of a KV cache), ``check_gqa_step`` (a grouped-query cache)."""
 
 from __future__ import annotations
 
@@ -33,12 +31,8 @@ ANSWER_MARKERS: dict[str, tuple[str, ...]] = {  # exercise label -> strings that
 
 
 def _encode_word(word: str, merges: list[tuple[str, str]], *, bug: str = "") -> list[str]:
-    """Split ``word`` into symbols and apply the merges, lowest rank first; or in one of three wrong ways.
-
-    ``bug="count"`` merges the pair most frequent in the word (ties: the first seen), the rule of training;
-    ``"leftmost"`` the leftmost pair that has any merge; ``"once"`` applies each merge in turn, to its first
-    occurrence only.
-    """
+    """Split ``word`` into symbols and apply the merges, lowest rank first; or with a bug of :data:`_ENCODE_BUGS`
+    ("count": ties go to the pair seen first; "once": each merge to its first occurrence only)."""
     rank = {pair: r for r, pair in enumerate(merges)}
     symbols = list(word)
     if bug == "once":
@@ -144,19 +138,9 @@ def _hf_encode_word(word: str, merges: list[tuple[str, str]]) -> list[str]:
 @checker(starter=_ENCODE_STARTER, reference=_hf_encode_word)
 def check_encode_word(c: Checker, encode_word: Callable[[str, list[tuple[str, str]]], list[str]]) -> None:
     """Check ``encode_word(word, merges)``: a word's BPE tokens, merging the earliest-learned known pair first.
-
-    Shapes: word str (byte-level spelling), merges a list of pairs in the order they were learned -> list of
-    token strings.
-    """
-    for name, word in _ENCODE_CASES:
-        c.case(
-            name,
-            lambda word, merges: encode_word(word, merges),
-            _encode_word(word, _MERGES),
-            bugs=bug_table(_ENCODE_BUGS, _encode_word, word, _MERGES),
-            hint=_ENCODE_HINT,
-            inputs={"word": word, "merges": list(_MERGES)},
-        )
+    Shapes: word str (byte-level spelling), merges a list of pairs in the order learned -> list of token strings."""
+    cases = ((name, {"word": word, "merges": list(_MERGES)}) for name, word in _ENCODE_CASES)
+    c.cases(encode_word, cases, _encode_word, _ENCODE_BUGS, hint=_ENCODE_HINT)
 
 
 # --------------------------------------------------------------------------- SwiGLU's width
@@ -207,15 +191,8 @@ _SWIGLU_HINT = Hint(
 @checker(reference=lambda d_model, multiple_of: multiple_of * -(-int(8 * d_model / 3) // multiple_of))
 def check_swiglu_hidden(c: Checker, swiglu_hidden: Callable[[int, int], int]) -> None:
     """Check ``swiglu_hidden(d_model, multiple_of)``: the hidden width of LLaMA's SwiGLU feed-forward network."""
-    for name, d_model, multiple_of in _SWIGLU_CASES:
-        c.case(
-            name,
-            lambda d_model, multiple_of: swiglu_hidden(d_model, multiple_of),
-            _swiglu_hidden(d_model, multiple_of),
-            bugs=bug_table(_SWIGLU_BUGS, _swiglu_hidden, d_model, multiple_of),
-            hint=_SWIGLU_HINT,
-            inputs={"d_model": d_model, "multiple_of": multiple_of},
-        )
+    cases = ((name, {"d_model": d, "multiple_of": multiple}) for name, d, multiple in _SWIGLU_CASES)
+    c.cases(swiglu_hidden, cases, _swiglu_hidden, _SWIGLU_BUGS, hint=_SWIGLU_HINT)
 
 
 # --------------------------------------------------------------------------- the size of a KV cache (a prediction)
@@ -271,8 +248,7 @@ def check_kv_cache_bytes(c: Checker, prediction: float) -> None:
 def _gqa_step(
     attn: MultiHeadAttention, x: Tensor, cache: tuple[Tensor, Tensor] | None, *, bug: str = ""
 ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-    """One step of cached grouped-query self-attention, or with one of the classic bugs of :data:`_GQA_BUGS`.
-
+    """One step of cached grouped-query self-attention, or with a bug of :data:`_GQA_BUGS` (or of :func:`_cache_bugs`).
     Shapes: x (B, T_new, d_model), cache (k, v) (B, n_kv_heads, T_past, d_head) -> out (B, T_new, d_model), cache.
     """
     n_rep = attn.n_heads // attn.n_kv_heads
@@ -393,9 +369,7 @@ def check_gqa_step(c: Checker, gqa_step: Callable[..., tuple[Tensor, tuple[Tenso
 
     The checker feeds a sequence in chunks (a prompt, then a few tokens), passing each call the cache the
     previous call returned (None at first), and compares the outputs with the whole sequence at once, and the
-    cache with the library's.
-
-    Shapes: x (B, T_new, d_model), cache None or (k, v) each (B, n_kv_heads, T_past, d_head)
+    cache with the library's. Shapes: x (B, T_new, d_model), cache None or (k, v) each (B, n_kv_heads, T_past, d_head)
     -> (out (B, T_new, d_model), (k, v) each (B, n_kv_heads, T_past + T_new, d_head)).
     """
     torch.manual_seed(7)  # @checker restores the reader's random state afterwards
@@ -404,21 +378,18 @@ def check_gqa_step(c: Checker, gqa_step: Callable[..., tuple[Tensor, tuple[Tenso
         for _, n_heads, n_kv, d, chunks in _GQA_CASES
     ]
     for (name, n_heads, n_kv_heads, _, chunks), (attn, x) in zip(_GQA_CASES, layers, strict=True):
+        parts = (
+            ("the outputs", _GQA_BUGS, _GQA_HINT),
+            ("the cache", _cache_bugs(n_heads, n_kv_heads), _GQA_CACHE_HINT),
+        )
         with torch.no_grad():
-            outputs, cache = _library_gqa(attn, x, chunks)
-            c.case(
-                f"{name}: the outputs",
-                lambda attn, x, chunks=chunks: _feed(gqa_step, attn, x, chunks)[0],
-                outputs,
-                bugs=bug_table(_GQA_BUGS, _fed_with_bug, attn, x, chunks, 0),
-                hint=_GQA_HINT,
-                inputs={"attn": attn, "x": x},
-            )
-            c.case(
-                f"{name}: the cache",
-                lambda attn, x, chunks=chunks: _feed(gqa_step, attn, x, chunks)[1],
-                cache,
-                bugs=bug_table(_cache_bugs(n_heads, n_kv_heads), _fed_with_bug, attn, x, chunks, 1),
-                hint=_GQA_CACHE_HINT,
-                inputs={"attn": attn, "x": x},
-            )
+            expected = _library_gqa(attn, x, chunks)
+            for part, (what, bugs, hint) in enumerate(parts):  # part 0: the outputs, 1: the cache
+                c.case(
+                    f"{name}: {what}",
+                    lambda attn, x, chunks=chunks, part=part: _feed(gqa_step, attn, x, chunks)[part],
+                    expected[part],
+                    bugs=bug_table(bugs, _fed_with_bug, attn, x, chunks, part),
+                    hint=hint,
+                    inputs={"attn": attn, "x": x},
+                )
