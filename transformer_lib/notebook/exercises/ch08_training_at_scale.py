@@ -1,17 +1,14 @@
-"""Chapter 8, training at scale: the training state of a model converted to bf16, gradient accumulation over
-padded micro-batches, a loss-scaled step with clipping, attention split over processes by heads, and the 1F1B
-pipeline schedule.
-
-``check_amp_state_bytes`` (a prediction), ``check_accumulate``, ``check_scaled_step``, ``check_attention_shard``,
-``check_one_f_one_b``.
-"""
+"""Chapter 8, training at scale: ``check_amp_state_bytes`` (a prediction: the training state of a model converted
+to bf16), ``check_accumulate`` (gradient accumulation over padded micro-batches), ``check_scaled_step`` (a
+loss-scaled step with clipping), ``check_attention_shard`` (attention split by heads), ``check_one_f_one_b``."""
 
 from __future__ import annotations
 
 import copy
 import functools
+import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -21,7 +18,7 @@ from torch import Tensor, nn
 from ...attention import MultiHeadAttention
 from ...memory import adamw_bytes_per_parameter
 from ...models import GPT, GPTConfig
-from ._framework import Checker, Hint, bug_table, checker
+from ._framework import Checker, Hint, _short, bug_table, checker
 
 ANSWER_MARKERS: dict[str, tuple[str, ...]] = {  # exercise label -> strings that would give its answer away
     "ex-bf16-state": ("2 + 2 + 2 x 2", "2 + 2 + 2 \\times 2", "zeros_like(p)"),
@@ -71,28 +68,24 @@ _STATE_FIX = (
 def check_amp_state_bytes(c: Checker, prediction: float) -> None:
     """Check ``prediction``: the bytes per parameter of a model's training state (weights, gradients, AdamW's
     moments) after a step of PyTorch's AdamW on the model converted to bf16 (``model.to(torch.bfloat16)``)."""
+    mistakes = {
+        16: "16 is the state of fp32 training and of mixed precision, whose weights stay fp32 (reread 'What stays in "
+        "fp32'). Here the model itself was converted: in which dtype are its weights now, and in which do their "
+        "gradients and AdamW's moments follow?",
+        12: "you count AdamW's moments in fp32, as the mixed-precision recipes of 'Sharding the state: ZeRO and FSDP' "
+        "keep them. PyTorch's AdamW has no such rule: in which dtype does it create the state of a bf16 parameter?",
+        14: "you count the gradients in fp32: a gradient always has its parameter's dtype, and so do AdamW's moments.",
+        4: "the weights are only part of it: count their gradients and AdamW's two moments (reread 'Where the memory "
+        "goes').",
+        6: "AdamW keeps two moments per parameter, the mean and the mean square of the gradient.",
+        2: "that is the weights alone: training also keeps their gradients and AdamW's two moments (reread 'Where the "
+        "memory goes').",
+    }
     c.case(
         "bytes per parameter",
         lambda: prediction,
         float(amp_state_bytes_per_parameter()),
-        bugs={
-            value: Hint(concept, _STATE_FIX)
-            for value, concept in {
-                16: "16 is the state of fp32 training and of mixed precision, whose weights stay fp32 (reread 'What "
-                "stays in fp32'). Here the model itself was converted: in which dtype are its weights now, and in "
-                "which do their gradients and AdamW's moments follow?",
-                12: "you count AdamW's moments in fp32, as the mixed-precision recipes of 'Sharding the state: ZeRO "
-                "and FSDP' keep them. PyTorch's AdamW has no such rule: in which dtype does it create the state of a "
-                "bf16 parameter?",
-                14: "you count the gradients in fp32: a gradient always has its parameter's dtype, and so do AdamW's "
-                "moments.",
-                4: "the weights are only part of it: count their gradients and AdamW's two moments (reread 'Where "
-                "the memory goes').",
-                6: "AdamW keeps two moments per parameter, the mean and the mean square of the gradient.",
-                2: "that is the weights alone: training also keeps their gradients and AdamW's two moments (reread "
-                "'Where the memory goes').",
-            }.items()
-        },
+        bugs={value: Hint(concept, _STATE_FIX) for value, concept in mistakes.items()},
         hint=Hint(
             "count four numbers per parameter after the step (the weight, its gradient, AdamW's two moments), "
             "each in the dtype it has once the model itself is bf16; reread 'Where the memory goes' for the "
@@ -107,27 +100,15 @@ def check_amp_state_bytes(c: Checker, prediction: float) -> None:
 
 
 def _accumulate(model: nn.Module, micro_batches: list[tuple[Tensor, Tensor]], *, bug: str = "") -> None:
-    """Accumulate the gradient of the batch's mean loss over its micro-batches, or one of the classic bugs.
-
-    Right, each micro-batch's mean loss is weighted by its share of the batch's target tokens. ``bug="k"`` divides
-    each by the number of micro-batches; ``"none"`` adds the means; ``"positions"`` weights by the share of
-    positions, ignored ones included; ``"last"`` zeroes the gradients before each micro-batch.
-    """
-    k = len(micro_batches)
+    """Accumulate the gradient of the batch's mean loss over its micro-batches, each micro-batch's mean loss weighted
+    by its share of the batch's target tokens; or with a bug of :data:`_ACCUMULATE_BUGS`."""
     n_targets = sum(int((y != IGNORE).sum()) for _, y in micro_batches)
     n_positions = sum(y.numel() for _, y in micro_batches)
     for x, y in micro_batches:
         if bug == "last":
             model.zero_grad()
-        loss = model(x, y)[1]
-        weight = {
-            "": int((y != IGNORE).sum()) / n_targets,
-            "k": 1 / k,
-            "none": 1.0,
-            "positions": y.numel() / n_positions,
-            "last": 1 / k,
-        }[bug]
-        (loss * weight).backward()
+        shares = {"": int((y != IGNORE).sum()) / n_targets, "none": 1.0, "positions": y.numel() / n_positions}
+        (model(x, y)[1] * shares.get(bug, 1 / len(micro_batches))).backward()  # "k", "last": 1 / k
 
 
 def _whole_batch_grads(model: nn.Module, micro_batches: list[tuple[Tensor, Tensor]]) -> Tensor:
@@ -218,11 +199,8 @@ def _accumulate_by_share(model: nn.Module, micro_batches: list[tuple[Tensor, Ten
 @checker(starter=_ACCUMULATE_STARTER, reference=_accumulate_by_share)
 def check_accumulate(c: Checker, accumulate: Callable[[nn.Module, list], Any]) -> None:
     """Check ``accumulate(model, micro_batches)``: after it, the gradients of ``model`` (a ``GPT``, whose loss is the
-    mean over the targets that are not -100) are those of the mean loss over every target token of the whole batch,
-    as one forward and backward pass on the concatenated micro-batches would give.
-
-    Shapes: micro_batches a list of (x, y), each (B_i, T) token ids; y is -100 where a target is ignored.
-    """
+    mean over the targets that are not -100) are those of one pass on the concatenated micro-batches. Shapes:
+    micro_batches a list of (x, y), each (B_i, T) token ids; y is -100 where a target is ignored."""
     for i, (name, sizes, ignored) in enumerate(_ACCUMULATE_CASES):
         micro = _micro_batches(sizes, ignored, seed=i)
         c.case(
@@ -239,22 +217,10 @@ def check_accumulate(c: Checker, accumulate: Callable[[nn.Module, list], Any]) -
 
 
 def _scaled_step(
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scaler: torch.amp.GradScaler,
-    x: Tensor,
-    y: Tensor,
-    max_norm: float,
-    *,
-    bug: str = "",
+    model: nn.Module, optimizer: Any, scaler: Any, x: Tensor, y: Tensor, max_norm: float, *, bug: str = ""
 ) -> None:
-    """One fp16 training step with loss scaling and gradient clipping, or one of its classic bugs.
-
-    ``bug="clip_scaled"`` clips the scaled gradients; ``"no_clip"`` never clips; ``"twice"`` divides the
-    gradients by the scale by hand, which ``scaler.step`` does again; ``"no_update"`` never updates the scale
-    (GradScaler then refuses the next step); ``"plain_step"`` calls ``optimizer.step()``, which also steps after
-    an overflow.
-    """
+    """One fp16 training step with loss scaling and gradient clipping, or with a bug of :data:`_SCALED_STEP_BUGS`
+    ("no_update" never updates the scale: GradScaler then refuses the next step)."""
     optimizer.zero_grad()
     with torch.autocast("cpu", dtype=torch.float16):
         loss = model(x, y)[1]
@@ -276,11 +242,6 @@ def _scaled_step(
 
 
 SCALED_STEP_LR = 1e-2
-
-
-def _nan_to_zero(result: tuple[Tensor, float]) -> tuple[Tensor, float]:
-    """A buggy step's weights as the checker compares them with the answer's: NaN read as 0."""
-    return result[0].nan_to_num(0.0), result[1]
 
 
 def _scaler_error_hint(error: Exception) -> Hint | str:
@@ -313,7 +274,8 @@ def _run_steps(step: Callable[..., Any], init_scale: float, n_steps: int, max_no
 
 
 def _steps_with_bug(init_scale: float, n_steps: int, max_norm: float, *, bug: str) -> tuple[Tensor, float]:
-    return _nan_to_zero(_run_steps(functools.partial(_scaled_step, bug=bug), init_scale, n_steps, max_norm))
+    weights, scale = _run_steps(functools.partial(_scaled_step, bug=bug), init_scale, n_steps, max_norm)
+    return weights.nan_to_num(0.0), scale  # as the checker compares it with the answer's: NaN read as 0
 
 
 _SCALED_STEP_CASES = (  # (name, the scaler's initial scale, the number of steps, max_norm)
@@ -385,11 +347,8 @@ def check_scaled_step(c: Checker, scaled_step: Callable[..., Any]) -> None:
     """Check ``scaled_step(model, optimizer, scaler, x, y, max_norm)``: one training step of ``model`` (a ``GPT``)
     under ``torch.autocast`` in fp16 on the CPU, with the loss scaled by ``scaler`` (a ``torch.amp.GradScaler``),
     the *true* gradients clipped to a norm of at most ``max_norm``, the step skipped when a gradient overflowed,
-    and the scale updated.
-
-    The checker runs a few steps on a fresh model, AdamW and GradScaler, and compares the weights and the scale
-    with the right step's. Shapes: x, y (B, T) token ids.
-    """
+    and the scale updated. The checker compares the weights and the scale after a few steps on a fresh model,
+    AdamW and GradScaler with the right step's. Shapes: x, y (B, T) token ids."""
     for name, init_scale, n_steps, max_norm in _SCALED_STEP_CASES:
         c.case(
             name,
@@ -405,23 +364,10 @@ def check_scaled_step(c: Checker, scaled_step: Callable[..., Any]) -> None:
 # --------------------------------------------------------------------------- attention split over processes by heads
 
 
-def _attention_shard(
-    attn: MultiHeadAttention,
-    x: Tensor,
-    rank: int,
-    world_size: int,
-    *,
-    bug: str = "",
-) -> Tensor:
-    """Process ``rank``'s share of causal self-attention when the heads are split over ``world_size`` processes
+def _attention_shard(attn: MultiHeadAttention, x: Tensor, rank: int, world_size: int, *, bug: str = "") -> Tensor:
+    """Process ``rank``'s share of causal self-attention with the heads split over ``world_size`` processes
     (Megatron): its block of heads, their slice of W_q, W_k, W_v (by output features) and of W_o (by input
-    features), without W_o's bias. The shares of all processes sum to the output minus that bias.
-
-    ``bug="bias"`` adds the bias in every share; ``"no_mask"`` forgets the causal mask; ``"interleaved"`` gives
-    process r the heads r, r + world_size, ...; ``"d_model"`` scales the scores by 1/sqrt(d_model).
-
-    Shapes: x (B, T, d_model) -> (B, T, d_model).
-    """
+    features), without W_o's bias; or with a bug of :data:`_SHARD_BUGS`. Shapes: x (B, T, d_model) -> the same."""
     B, T, _ = x.shape
     per_process = attn.n_heads // world_size
     if bug == "interleaved":
@@ -436,9 +382,7 @@ def _attention_shard(
 
     q, k, v = project(attn.q_proj), project(attn.k_proj), project(attn.v_proj)
     scale = 1 / math.sqrt(attn.d_model) if bug == "d_model" else None
-    out = F.scaled_dot_product_attention(
-        q, k, v, is_causal=bug != "no_mask", scale=scale
-    )  # (B, per_process, T, d_head)
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=bug != "no_mask", scale=scale)  # (B, n, T, d_head)
     out = out.transpose(1, 2).reshape(B, T, per_process * attn.d_head)
     partial = out @ attn.out_proj.weight[:, features].T  # (B, T, d_model): W_o's rows for these heads
     if bug == "bias" and attn.out_proj.bias is not None:
@@ -451,8 +395,17 @@ def _all_shards(shard: Callable[..., Tensor], attn: MultiHeadAttention, x: Tenso
     return torch.stack([shard(attn, x, rank, world_size) for rank in range(world_size)])
 
 
-def _shards_with_bug(attn: MultiHeadAttention, x: Tensor, world_size: int, *, bug: str) -> Tensor:
+def _shards(attn: MultiHeadAttention, x: Tensor, world_size: int, *, bug: str = "") -> Tensor:
     return _all_shards(functools.partial(_attention_shard, bug=bug), attn, x, world_size)
+
+
+def _shard_cases() -> Iterator[tuple[str, dict[str, Any]]]:
+    """Each case's name and inputs: a layer of ``n_heads`` heads of 4 dimensions, x (B, 5, d_model)."""
+    for i, (name, n_heads, world_size) in enumerate(_SHARD_CASES):
+        torch.manual_seed(i)
+        attn = MultiHeadAttention(4 * n_heads, n_heads, bias=True)
+        x = torch.randn(1 if "B=1" in name else 2, 5, 4 * n_heads)
+        yield name, {"attn": attn, "x": x, "world_size": world_size}
 
 
 _SHARD_CASES = (  # (name, n_heads, world_size)
@@ -514,24 +467,10 @@ def check_attention_shard(
     ``attn(x, is_causal=True)`` when its heads are split over ``world_size`` processes, Megatron-style. Process r
     holds the heads ``r * n_heads / world_size`` to ``(r + 1) * n_heads / world_size - 1``, the matching output
     features of ``q_proj``, ``k_proj``, ``v_proj`` and input features of ``out_proj``; its share leaves out
-    ``out_proj``'s bias, which is added once after the all-reduce. The shares of all processes sum to
-    ``attn(x, is_causal=True) - attn.out_proj.bias``.
-
-    Shapes: x (B, T, d_model) -> (B, T, d_model).
-    """
-    for i, (name, n_heads, world_size) in enumerate(_SHARD_CASES):
-        torch.manual_seed(i)
-        d_model = 4 * n_heads
-        attn = MultiHeadAttention(d_model, n_heads, bias=True)
-        x = torch.randn(1 if "B=1" in name else 2, 5, d_model)
-        c.case(
-            name,
-            lambda attn, x, w=world_size: _all_shards(attention_shard, attn, x, w),
-            _all_shards(_attention_shard, attn, x, world_size),
-            bugs=bug_table(_SHARD_BUGS, _shards_with_bug, attn, x, world_size),
-            hint=_SHARD_HINT,
-            inputs={"attn": attn, "x": x},
-        )
+    ``out_proj``'s bias, which is added once after the all-reduce: the shares of all processes sum to
+    ``attn(x, is_causal=True) - attn.out_proj.bias``. Shapes: x (B, T, d_model) -> (B, T, d_model)."""
+    answer = functools.partial(_all_shards, attention_shard)
+    c.cases(answer, _shard_cases(), _shards, _SHARD_BUGS, hint=_SHARD_HINT)
 
 
 # --------------------------------------------------------------------------- the 1F1B pipeline schedule
@@ -551,51 +490,57 @@ def pipeline_timeline(schedule: Any, p: int, m: int) -> tuple[str, list[int], in
     stage ``s`` has run and whose backward it has not (their activations are held); ``finish``: when the last
     step ends.
     """
+    orders = _stage_orders(schedule, p, m)
+    if isinstance(orders, str):
+        return orders, [], 0
+    position, free = _run_on_paper(orders)
+    if any(n < 2 * m for n in position):
+        stuck = ", ".join(f"stage {s} at {orders[s][n]}" for s, n in enumerate(position) if n < 2 * m)
+        return f"the schedule deadlocks: {stuck} wait for work that never comes", [], 0
+    held = ([0, *itertools.accumulate(1 if kind == "F" else -1 for kind, _ in ops)] for ops in orders)
+    return "ok", [max(h) for h in held], max(free)
+
+
+def _stage_orders(schedule: Any, p: int, m: int) -> list[list[tuple[str, int]]] | str:
+    """Each stage's order of work as ``("F" or "B", i)`` pairs, or what is wrong with ``schedule``."""
     if not isinstance(schedule, (list, tuple)) or len(schedule) != p:
-        return (f"expected a list of {p} lists, one per stage, got {_short_repr(schedule)}", [], 0)
+        return f"expected a list of {p} lists, one per stage, got {_short(schedule, 80)}"
     everything = sorted([("F", i) for i in range(m)] + [("B", i) for i in range(m)])
     orders = []
     for s, ops in enumerate(schedule):
         try:
             ops = [(str(kind), int(i)) for kind, i in ops]
         except (TypeError, ValueError):
-            return (f"stage {s}: every step must be a pair, ('F', i) or ('B', i), got {_short_repr(ops)}", [], 0)
+            return f"stage {s}: every step must be a pair, ('F', i) or ('B', i), got {_short(ops, 80)}"
         if sorted(ops) != everything:
-            return (f"stage {s} must run ('F', i) and ('B', i) once each for i = 0 to {m - 1}", [], 0)
+            return f"stage {s} must run ('F', i) and ('B', i) once each for i = 0 to {m - 1}"
         orders.append(ops)
-    done: dict[tuple[str, int, int], int] = {}
+    return orders
+
+
+def _run_on_paper(orders: list[list[tuple[str, int]]]) -> tuple[list[int], list[int]]:
+    """Each stage's steps, each as early as its stage is free and its inputs exist: (how many steps each stage
+    ran before it waited for good, when each stage is free)."""
+    p = len(orders)
+    done: dict[tuple[str, int, int], int] = {}  # (kind, stage, micro-batch) -> when it ended
     free, position = [0] * p, [0] * p
     progress = True
     while progress:
         progress = False
-        for s in range(p):
-            while position[s] < 2 * m:
-                kind, i = orders[s][position[s]]
-                needs = [("F", s - 1, i)] if kind == "F" and s > 0 else []
-                if kind == "B":
-                    needs += [("F", s, i)] + ([("B", s + 1, i)] if s < p - 1 else [])
+        for s, ops in enumerate(orders):
+            while position[s] < len(ops):
+                kind, i = ops[position[s]]
+                if kind == "F":
+                    needs = [("F", s - 1, i)] if s > 0 else []
+                else:  # its own forward, and the next stage's backward
+                    needs = [("F", s, i)] + ([("B", s + 1, i)] if s < p - 1 else [])
                 if not all(n in done for n in needs):
                     break
                 start = max([free[s]] + [done[n] for n in needs])
                 free[s] = done[(kind, s, i)] = start + (PIPELINE_T_FORWARD if kind == "F" else PIPELINE_T_BACKWARD)
                 position[s] += 1
                 progress = True
-    if any(n < 2 * m for n in position):
-        stuck = ", ".join(f"stage {s} at {orders[s][n]}" for s, n in enumerate(position) if n < 2 * m)
-        return (f"the schedule deadlocks: {stuck} wait for work that never comes", [], 0)
-    peaks = []
-    for ops in orders:
-        held = peak = 0
-        for kind, _ in ops:
-            held += 1 if kind == "F" else -1
-            peak = max(peak, held)
-        peaks.append(peak)
-    return ("ok", peaks, max(free))
-
-
-def _short_repr(x: Any, limit: int = 80) -> str:
-    text = repr(x)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return position, free
 
 
 def _one_f_one_b(p: int, m: int, *, bug: str = "") -> list[list[tuple[str, int]]]:
@@ -615,8 +560,13 @@ def _one_f_one_b(p: int, m: int, *, bug: str = "") -> list[list[tuple[str, int]]
     return schedule
 
 
-def _timeline_with_bug(p: int, m: int, *, bug: str) -> tuple[str, list[int], int]:
+def _timeline(p: int, m: int, *, bug: str = "") -> tuple[str, list[int], int]:
     return pipeline_timeline(_one_f_one_b(p, m, bug=bug), p, m)
+
+
+def _on_paper(one_f_one_b: Callable[[int, int], Any]) -> Callable[[int, int], tuple[str, list[int], int]]:
+    """The timeline of the schedules that ``one_f_one_b(p, m)`` writes."""
+    return lambda p, m: pipeline_timeline(one_f_one_b(p, m), p, m)
 
 
 _ONE_F_ONE_B_CASES = ((2, 4), (4, 8), (3, 5), (4, 2))  # (p, m): m < p in the last
@@ -625,28 +575,20 @@ _ONE_F_ONE_B_FIX = (
     "forward is done, then runs the remaining backwards: the last stage alternates from the start."
 )
 _ONE_F_ONE_B_BUGS = {  # bug -> hint, for _one_f_one_b(..., bug=bug)
-    "gpipe": Hint(
-        "that is GPipe's order, every forward before the first backward: each stage holds the activations of all "
-        "m micro-batches at its peak. A stage can run a micro-batch's backward as soon as the next stage has sent "
-        "that micro-batch's gradient back; it need not finish its forwards first.",
-        _ONE_F_ONE_B_FIX,
-    ),
-    "same": Hint(
-        "every stage runs as many forwards ahead as the first one. The last stage computes the loss itself, so it "
-        "can run each backward right after its forward; a later stage gets its first gradient sooner and needs "
-        "fewer forwards in flight to stay busy, and the extra ones also delay the gradients the earlier stages "
-        "wait for.",
-        _ONE_F_ONE_B_FIX,
-    ),
-    "reversed": Hint(
-        "the first stage must run the most forwards ahead, not the fewest: its first gradient comes back only "
-        "after micro-batch 0 has gone through every later stage and back.",
-        _ONE_F_ONE_B_FIX,
-    ),
-    "uncapped": Hint(
-        "with fewer micro-batches than stages, a stage cannot run more forwards ahead than there are micro-batches.",
-        _ONE_F_ONE_B_FIX,
-    ),
+    bug: Hint(concept, _ONE_F_ONE_B_FIX)
+    for bug, concept in {
+        "gpipe": "that is GPipe's order, every forward before the first backward: each stage holds the activations "
+        "of all m micro-batches at its peak. A stage can run a micro-batch's backward as soon as the next stage has "
+        "sent that micro-batch's gradient back; it need not finish its forwards first.",
+        "same": "every stage runs as many forwards ahead as the first one. The last stage computes the loss itself, "
+        "so it can run each backward right after its forward; a later stage gets its first gradient sooner and "
+        "needs fewer forwards in flight to stay busy, and the extra ones also delay the gradients the earlier "
+        "stages wait for.",
+        "reversed": "the first stage must run the most forwards ahead, not the fewest: its first gradient comes back "
+        "only after micro-batch 0 has gone through every later stage and back.",
+        "uncapped": "with fewer micro-batches than stages, a stage cannot run more forwards ahead than there are "
+        "micro-batches.",
+    }.items()
 }
 _ONE_F_ONE_B_HINT = Hint(
     "count how many forwards stage s can run before the gradient of micro-batch 0 comes back to it (it travels "
@@ -668,14 +610,9 @@ def check_one_f_one_b(c: Checker, one_f_one_b: Callable[[int, int], Any]) -> Non
     ``[("F", 0), ..., ("B", 0), ...]``, such that stage ``s`` never holds the activations of more than
     ``min(p - s, m)`` micro-batches and the step ends as early as GPipe's (every forward, then every backward).
     Each case is run on paper by :func:`pipeline_timeline` and compared as (problem, the most micro-batches each
-    stage holds, the finishing time).
-    """
-    for p, m in _ONE_F_ONE_B_CASES:
-        c.case(
-            f"{p} stages, {m} micro-batches: (problem, held per stage, finish time)",
-            lambda p, m: pipeline_timeline(one_f_one_b(p, m), p, m),
-            pipeline_timeline(_one_f_one_b(p, m), p, m),
-            bugs=bug_table(_ONE_F_ONE_B_BUGS, _timeline_with_bug, p, m),
-            hint=_ONE_F_ONE_B_HINT,
-            inputs={"p": p, "m": m},
-        )
+    stage holds, the finishing time)."""
+    cases = (
+        (f"{p} stages, {m} micro-batches: (problem, held per stage, finish time)", {"p": p, "m": m})
+        for p, m in _ONE_F_ONE_B_CASES
+    )
+    c.cases(_on_paper(one_f_one_b), cases, _timeline, _ONE_F_ONE_B_BUGS, hint=_ONE_F_ONE_B_HINT)
