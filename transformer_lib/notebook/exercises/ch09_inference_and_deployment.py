@@ -1,14 +1,11 @@
-"""Chapter 9, inference and deployment: the KV cache of a padded batch, int8 weights per group, the soft term
-of a distillation loss, the verify step of speculative decoding, and how far batching raises the arithmetic
-intensity of decoding.
-
-``check_kv_cache_gib`` (a prediction), ``check_quantize_per_group``, ``check_soft_loss``, ``check_accepted_tokens``,
-``check_batched_intensity`` (a prediction).
-"""
+"""Chapter 9, inference and deployment: ``check_kv_cache_gib`` (a prediction: the KV cache of a padded batch),
+``check_quantize_per_group`` (int8 weights per group), ``check_soft_loss`` (distillation's soft term),
+``check_accepted_tokens`` (speculative decoding's verify step), ``check_batched_intensity`` (a prediction)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -16,7 +13,7 @@ from torch import Tensor
 
 from ...distillation import distillation_loss
 from ...quantization import QMAX, quantize_per_channel
-from ._framework import Bug, Checker, Hint, bug_table, checker
+from ._framework import Checker, Hint, checker
 
 ANSWER_MARKERS: dict[str, tuple[str, ...]] = {  # exercise label -> strings that would give its answer away
     "ex-long-cache": ("16 gib", "9.25 gib", "padding positions"),
@@ -47,6 +44,12 @@ def kv_cache_gib(
     return 2 * n_layers * n_kv_heads * d_head * bytes_per_number * n_tokens * batch / GIB
 
 
+_LONG_CACHE_FIX = (
+    "2 (a key and a value) x 32 layers x 8 key/value heads x 128 x 2 bytes = 128 KiB per position; the "
+    "batch's cache holds 4 x 32,768 positions, padding included: 16 GiB."
+)
+
+
 @checker(answer="value", reference=kv_cache_gib(**LONG_CACHE_SETUP))  # a meta-device model's: test_exercises_ch09
 def check_kv_cache_gib(c: Checker, prediction: float) -> None:
     """Check ``prediction``: the GiB (2**30 bytes) of the bfloat16 KV caches of a batch of 4 prompts of 32,768,
@@ -54,57 +57,33 @@ def check_kv_cache_gib(c: Checker, prediction: float) -> None:
     dimensions and 8 key/value heads."""
     s = LONG_CACHE_SETUP
     expected = kv_cache_gib(**s)
-    fix = (
-        "2 (a key and a value) x 32 layers x 8 key/value heads x 128 x 2 bytes = 128 KiB per position; the "
-        "batch's cache holds 4 x 32,768 positions, padding included: 16 GiB."
-    )
+
+    def gib(**changed: int) -> float:  # the setup's GiB with some numbers changed
+        return kv_cache_gib(**{**s, **changed})
+
+    mistakes = {
+        gib(n_tokens=sum(LONG_CACHE_PROMPTS), batch=1): "that is the cache of the real tokens alone. But the 4 "
+        "prompts are served as one batch, padded to the longest (chapter 2): which positions does the batch's "
+        "cache tensor hold?",
+        gib(n_kv_heads=s["n_heads"]): "that is the cache with every query head keeping keys and values; with "
+        "grouped-query attention only the key/value heads are cached (reread 'Fewer key/value heads').",
+        gib(bytes_per_number=4): "a bfloat16 number takes 2 bytes, not 4 (or: did you count all 32 heads and forget "
+        "the factor 2?).",
+        gib(batch=1): "that is one sequence: each of the 4 sequences of the batch has its own cache.",
+        expected / 2: "you count half of what a layer caches for each position.",
+        expected * GIB / 1e9: "that is in GB (10^9 bytes); a GiB is 2^30 = 1,073,741,824 bytes.",
+        expected / s["n_layers"]: "that is one layer: each layer caches its own.",
+        gib(n_tokens=4096): "that is for 4,096 positions per sequence; the batch is longer.",
+    }
     c.case(
         "GiB of the caches",
         lambda: prediction,
         float(expected),
-        bugs=(
-            Bug(
-                lambda: kv_cache_gib(**{**s, "n_tokens": sum(LONG_CACHE_PROMPTS), "batch": 1}),
-                Hint(
-                    "that is the cache of the real tokens alone. But the 4 prompts are served as one batch, "
-                    "padded to the longest (chapter 2): which positions does the batch's cache tensor hold?",
-                    fix,
-                ),
-            ),
-            Bug(
-                lambda: kv_cache_gib(**{**s, "n_kv_heads": s["n_heads"]}),
-                Hint(
-                    "that is the cache with every query head keeping keys and values; with grouped-query "
-                    "attention only the key/value heads are cached (reread 'Fewer key/value heads').",
-                    fix,
-                ),
-            ),
-            Bug(
-                lambda: kv_cache_gib(**{**s, "bytes_per_number": 4}),
-                Hint(
-                    "a bfloat16 number takes 2 bytes, not 4 (or: did you count all 32 heads and forget the factor 2?).",
-                    fix,
-                ),
-            ),
-            Bug(
-                lambda: kv_cache_gib(**{**s, "batch": 1}),
-                Hint("that is one sequence: each of the 4 sequences of the batch has its own cache.", fix),
-            ),
-            Bug(lambda: expected / 2, Hint("you count half of what a layer caches for each position.", fix)),
-            Bug(
-                lambda: expected * GIB / 1e9,
-                Hint("that is in GB (10^9 bytes); a GiB is 2^30 = 1,073,741,824 bytes.", fix),
-            ),
-            Bug(lambda: expected / s["n_layers"], Hint("that is one layer: each layer caches its own.", fix)),
-            Bug(
-                lambda: kv_cache_gib(**{**s, "n_tokens": 4096}),
-                Hint("that is for 4,096 positions per sequence; the batch is longer.", fix),
-            ),
-        ),
+        bugs={value: Hint(concept, _LONG_CACHE_FIX) for value, concept in mistakes.items()},
         hint=Hint(
             "per position, every layer caches a key and a value for each key/value head; reread the formula of "
             "'The KV cache at scale', then count the positions that the batch's cache tensor holds.",
-            fix,
+            _LONG_CACHE_FIX,
         ),
         atol=0.05,
     )
@@ -114,15 +93,9 @@ def check_kv_cache_gib(c: Checker, prediction: float) -> None:
 
 
 def _quantize_per_group(weight: Tensor, group_size: int, *, bug: str = "") -> tuple[Tensor, Tensor]:
-    """Symmetric int8 with one scale per group of ``group_size`` consecutive weights of a row; or a classic bug.
-
-    ``bug``: "truncate" casts without rounding; "128" divides by 128 and clamps to [-128, 127]; "128 wrap" divides
-    by 128 with no clamp (the cast wraps or saturates, as this machine does it); "zero" divides by a zero scale;
-    "row" uses one scale per row, repeated for each group; "columns" groups consecutive rows of a column.
-
-    Shapes: weight (out, in) -> q (out, in) int8, scale (out, in // group_size) float32
-    ("columns": scale (out // group_size, in)).
-    """
+    """Symmetric int8 with one scale per group of ``group_size`` consecutive weights of a row, or with a bug of
+    :data:`_QUANTIZE_BUGS` ("128 wrap": the cast wraps or saturates as this machine does it). Shapes: weight
+    (out, in) -> q (out, in) int8, scale (out, in // group_size) ("columns": (out // group_size, in)) float32."""
     w = weight.detach().float()
     out_features, in_features = w.shape
     if bug == "columns":
@@ -131,22 +104,16 @@ def _quantize_per_group(weight: Tensor, group_size: int, *, bug: str = "") -> tu
         q = torch.round(groups / scale.clamp_min(1e-30)[:, None, :]).clamp(-QMAX, QMAX).to(torch.int8)
         return q.reshape(out_features, in_features), scale
     groups = w.reshape(out_features, in_features // group_size, group_size)
-    if bug == "row":
-        row = w.abs().amax(dim=1) / QMAX  # (out,)
-        scale = row[:, None].expand(out_features, in_features // group_size).clone()
+    if bug == "row":  # the row's scale, repeated for each group
+        scale = (w.abs().amax(dim=1, keepdim=True) / QMAX).expand(out_features, in_features // group_size).clone()
     else:
         scale = groups.abs().amax(dim=-1) / (128 if bug.startswith("128") else QMAX)  # (out, n_groups)
     divisor = scale if bug == "zero" else torch.where(scale > 0, scale, torch.ones_like(scale))
     ratio = groups / divisor[..., None]
-    if bug == "truncate":
-        q = ratio.to(torch.int8)
-    elif bug == "128":
-        q = torch.round(ratio).clamp(-128, 127).to(torch.int8)
-    elif bug in ("128 wrap", "zero"):
-        q = torch.round(ratio).to(torch.int8)
-    else:
-        q = torch.round(ratio).clamp(-QMAX, QMAX).to(torch.int8)
-    return q.reshape(out_features, in_features), scale
+    q = ratio if bug == "truncate" else torch.round(ratio)
+    if bug != "128 wrap":
+        q = q.clamp(-128 if bug == "128" else -QMAX, QMAX)
+    return q.to(torch.int8).reshape(out_features, in_features), scale
 
 
 def _group_weights() -> list[tuple[str, Tensor, int]]:
@@ -216,23 +183,11 @@ def _per_channel_groups(weight: Tensor, group_size: int) -> tuple[Tensor, Tensor
 
 @checker(reference=_per_channel_groups)
 def check_quantize_per_group(c: Checker, quantize_per_group: Callable[[Tensor, int], tuple[Tensor, Tensor]]) -> None:
-    """Check ``quantize_per_group(weight, group_size)``: symmetric int8 quantization with one scale per group of
-    ``group_size`` consecutive weights of a row, ``scale = max|w_group| / 127`` (0 for a group of zeros) and
-    ``q = round(w / scale)``.
-
-    Shapes: weight (out_features, in_features) -> q (out_features, in_features) int8,
-    scale (out_features, in_features // group_size) float32.
-    """
-    for name, weight, group_size in _group_weights():
-        c.case(
-            name,
-            lambda weight, group_size: quantize_per_group(weight, group_size),
-            _quantize_per_group(weight, group_size),
-            bugs=bug_table(_QUANTIZE_BUGS, _quantize_per_group, weight, group_size),
-            hint=_QUANTIZE_HINT,
-            inputs={"weight": weight, "group_size": group_size},
-        )
-    weight, group_size = _group_weights()[0][1:]
+    """Check ``quantize_per_group(weight, group_size)``: symmetric int8 with one scale per group of ``group_size``
+    consecutive weights of a row, ``scale = max|w_group| / 127`` (0 for a group of zeros), ``q = round(w / scale)``.
+    Shapes: weight (out, in) -> q (out, in) int8, scale (out, in // group_size) float32."""
+    cases = [(name, {"weight": weight, "group_size": size}) for name, weight, size in _group_weights()]
+    c.cases(quantize_per_group, cases, _quantize_per_group, _QUANTIZE_BUGS, hint=_QUANTIZE_HINT)
     c.case(
         "q is stored in int8 (1 byte per weight)",
         lambda weight, group_size: str(quantize_per_group(weight, group_size)[0].dtype),
@@ -241,7 +196,7 @@ def check_quantize_per_group(c: Checker, quantize_per_group: Callable[[Tensor, i
             "q must take one byte per weight: an int64 or float tensor takes 8 or 4.",
             "cast the rounded integers with .to(torch.int8).",
         ),
-        inputs={"weight": weight, "group_size": group_size},
+        inputs=cases[0][1],
     )
 
 
@@ -249,24 +204,13 @@ def check_quantize_per_group(c: Checker, quantize_per_group: Callable[[Tensor, i
 
 
 def _soft_loss(student_logits: Tensor, teacher_logits: Tensor, T: float, *, bug: str = "") -> Tensor:
-    """``T**2 * KL(teacher || student)`` at temperature T, summed over the vocabulary and averaged over the rows;
-    or a classic bug: "mean" (F.kl_div's default reduction), "sum", "no T2", "swapped" (KL(student || teacher)),
-    "T" (multiplied by T, not T**2).
-
-    Shapes: student_logits, teacher_logits (N, vocab_size) -> a scalar.
-    """
-    log_p_s = F.log_softmax(student_logits.double() / T, dim=-1)
-    log_p_t = F.log_softmax(teacher_logits.double() / T, dim=-1)
+    """``T**2 * KL(teacher || student)`` at temperature T, summed over the vocabulary and averaged over the rows, or
+    with a bug of :data:`_SOFT_LOSS_BUGS`. Shapes: student_logits, teacher_logits (N, vocab_size) -> a scalar."""
+    log_p_s, log_p_t = (F.log_softmax(logits.double() / T, dim=-1) for logits in (student_logits, teacher_logits))
     if bug == "swapped":
-        kl = (log_p_s.exp() * (log_p_s - log_p_t)).sum(-1)
-    else:
-        kl = (log_p_t.exp() * (log_p_t - log_p_s)).sum(-1)  # (N,)
-    if bug == "mean":
-        value = kl.mean() / student_logits.shape[-1]
-    elif bug == "sum":
-        value = kl.sum()
-    else:
-        value = kl.mean()
+        log_p_s, log_p_t = log_p_t, log_p_s
+    kl = (log_p_t.exp() * (log_p_t - log_p_s)).sum(-1)  # (N,)
+    value = {"mean": kl.mean() / student_logits.shape[-1], "sum": kl.sum()}.get(bug, kl.mean())
     factor = {"no T2": 1.0, "T": T}.get(bug, T**2)
     return (factor * value).to(student_logits.dtype)
 
@@ -315,6 +259,14 @@ _SOFT_LOSS_HINT = Hint(
 )
 
 
+def _soft_loss_cases() -> Iterator[tuple[str, dict[str, Any]]]:
+    """Each case's name and inputs: random logits of the student and (sharper) of the teacher."""
+    g = torch.Generator().manual_seed(3)
+    for name, N, V, T in _SOFT_LOSS_CASES:
+        student, teacher = torch.randn(N, V, generator=g) * 2, torch.randn(N, V, generator=g) * 3
+        yield name, {"student_logits": student, "teacher_logits": teacher, "T": T}
+
+
 def _library_soft_loss(student_logits: Tensor, teacher_logits: Tensor, T: float) -> Tensor:
     """The library's distillation loss with only its soft term."""
     hard = torch.zeros(student_logits.shape[0], dtype=torch.long)
@@ -325,34 +277,16 @@ def _library_soft_loss(student_logits: Tensor, teacher_logits: Tensor, T: float)
 def check_soft_loss(c: Checker, soft_loss: Callable[[Tensor, Tensor, float], Tensor]) -> None:
     """Check ``soft_loss(student_logits, teacher_logits, T)``: the soft term of the distillation loss,
     ``T**2 * KL(softmax(teacher / T) || softmax(student / T))``, the KL summed over the vocabulary and averaged over
-    the rows (positions).
-
-    Shapes: student_logits, teacher_logits (N, vocab_size); T a float > 0 -> a scalar.
-    """
-    g = torch.Generator().manual_seed(3)
-    for name, N, V, T in _SOFT_LOSS_CASES:
-        student = torch.randn(N, V, generator=g) * 2
-        teacher = torch.randn(N, V, generator=g) * 3
-        c.case(
-            name,
-            lambda student_logits, teacher_logits, T: soft_loss(student_logits, teacher_logits, T),
-            _soft_loss(student, teacher, T),
-            bugs=bug_table(_SOFT_LOSS_BUGS, _soft_loss, student, teacher, T),
-            hint=_SOFT_LOSS_HINT,
-            inputs={"student_logits": student, "teacher_logits": teacher, "T": T},
-        )
+    the rows (positions). Shapes: student_logits, teacher_logits (N, vocab_size); T a float > 0 -> a scalar."""
+    c.cases(soft_loss, _soft_loss_cases(), _soft_loss, _SOFT_LOSS_BUGS, hint=_SOFT_LOSS_HINT)
 
 
 # --------------------------------------------------------------------------- the verify step of speculative decoding
 
 
 def _accepted_tokens(proposals: Tensor, choices: Tensor, *, bug: str = "") -> Tensor:
-    """The tokens a round appends: the agreeing prefix of the proposals, then the target's choice after it.
-    ``bug``: "count" keeps as many proposals as agree anywhere; "no extra" forgets the target's token;
-    "draft extra" appends the draft's proposal at the first disagreement; "no bonus" adds nothing when all agree.
-
-    Shapes: proposals (k,), choices (k + 1,) -> (n_accepted + 1,) (``bug`` variants: other lengths).
-    """
+    """The tokens a round appends, the agreeing prefix of the proposals then the target's choice after it; or with a
+    bug of :data:`_ACCEPTED_BUGS`. Shapes: proposals (k,), choices (k + 1,) -> (n_accepted + 1,)."""
     k = proposals.shape[0]
     agree = proposals == choices[:k]
     n = int(agree.sum()) if bug == "count" else int(agree.long().cumprod(dim=0).sum())
@@ -416,20 +350,12 @@ def check_accepted_tokens(c: Checker, accepted_tokens: Callable[[Tensor, Tensor]
     """Check ``accepted_tokens(proposals, choices)``: the verify step of greedy speculative decoding. ``proposals``
     holds the draft's k tokens, ``choices`` the target's k + 1 greedy tokens (after the context and after each
     proposal); the result is the proposals up to the first disagreement, then the target's choice at that position
-    (after the last proposal when all agree).
-
-    Shapes: proposals (k,), choices (k + 1,) int64 -> (n_accepted + 1,) int64.
-    """
-    for name, proposals, choices in _ACCEPTED_CASES:
-        p, t = torch.tensor(proposals), torch.tensor(choices)
-        c.case(
-            f"{name}: proposals {proposals}, choices {choices}",
-            lambda proposals, choices: accepted_tokens(proposals, choices),
-            _accepted_tokens(p, t),
-            bugs=bug_table(_ACCEPTED_BUGS, _accepted_tokens, p, t),
-            hint=_ACCEPTED_HINT,
-            inputs={"proposals": p, "choices": t},
-        )
+    (after the last proposal when all agree). Shapes: proposals (k,), choices (k + 1,) -> (n_accepted + 1,) int64."""
+    cases = (
+        (f"{name}: proposals {p}, choices {t}", {"proposals": torch.tensor(p), "choices": torch.tensor(t)})
+        for name, p, t in _ACCEPTED_CASES
+    )
+    c.cases(accepted_tokens, cases, _accepted_tokens, _ACCEPTED_BUGS, hint=_ACCEPTED_HINT)
 
 
 # --------------------------------------------------------------------------- how far batching goes
@@ -470,6 +396,13 @@ RIDGE_H100 = 989e12 / 3.35e12
 """An H100 SXM's published dense bf16 multiply rate over its memory bandwidth: about 295 FLOPs per byte."""
 
 
+_INTENSITY_FIX = (
+    "per sequence: 2 x 68.98e9 + 4 x 80 x 8192 x 4096 = 1.487e11 FLOPs, and 2 x 80 x 8 x 128 x 2 x 4096 = 1.342e9 "
+    "bytes of cache; the weights' 1.38e11 bytes are shared by the batch, so the ratio tends to "
+    "1.487e11 / 1.342e9, about 110.8 FLOPs per byte."
+)
+
+
 @checker(answer="value", reference=batched_decode_intensity(float("inf"), **BATCH_CEILING_SETUP))
 def check_batched_intensity(c: Checker, prediction: float) -> None:
     """Check ``prediction``: the arithmetic intensity (FLOPs per byte read) that a decoding step of the LLaMA 2 70B
@@ -477,69 +410,33 @@ def check_batched_intensity(c: Checker, prediction: float) -> None:
     cached positions."""
     s = BATCH_CEILING_SETUP
     expected = batched_decode_intensity(float("inf"), **s)
-    fix = (
-        "per sequence: 2 x 68.98e9 + 4 x 80 x 8192 x 4096 = 1.487e11 FLOPs, and 2 x 80 x 8 x 128 x 2 x 4096 = 1.342e9 "
-        "bytes of cache; the weights' 1.38e11 bytes are shared by the batch, so the ratio tends to "
-        "1.487e11 / 1.342e9, about 110.8 FLOPs per byte."
-    )
-    inf = float("inf")
+
+    def intensity(batch: float = float("inf"), **changed: float) -> float:  # with some of the setup's numbers changed
+        return batched_decode_intensity(batch, **{**s, **changed})
+
+    mistakes = {
+        RIDGE_H100: "that is the ridge of an H100, where the multipliers would become the limit. Does the batch get "
+        "there? Count what each sequence reads on its own at every step.",
+        intensity(1): "that is one sequence at a time (or the weights read once for every sequence): as the batch "
+        "grows, the weight reads are shared; what is left per sequence?",
+        intensity(d_model=0): "you left out the attention's own FLOPs over the 4,096 cached positions.",
+        intensity(d_model=s["n_kv_heads"] * s["d_head"]): "the attention's FLOPs count every query head (64 of them, "
+        "d_model = 8192 numbers per position), not only the 8 key/value heads: each key/value head serves a group "
+        "of 8.",
+        intensity(n_kv_heads=64): "with grouped-query attention only the 8 key/value heads are cached, not all 64.",
+        2 * expected: "each position caches a key AND a value, in every layer.",
+        intensity(bytes_per_number=4): "the cache is kept in 16 bits: 2 bytes per number.",
+        intensity(n_params=0): "that is the attention alone; each sequence's token also multiplies every weight.",
+    }
     c.case(
         "FLOPs per byte as the batch grows",
         lambda: prediction,
         float(expected),
-        bugs=(
-            Bug(
-                lambda: RIDGE_H100,
-                Hint(
-                    "that is the ridge of an H100, where the multipliers would become the limit. Does the batch get "
-                    "there? Count what each sequence reads on its own at every step.",
-                    fix,
-                ),
-            ),
-            Bug(
-                lambda: batched_decode_intensity(1, **s),
-                Hint(
-                    "that is one sequence at a time (or the weights read once for every sequence): as the batch "
-                    "grows, the weight reads are shared; what is left per sequence?",
-                    fix,
-                ),
-            ),
-            Bug(
-                lambda: 2 * s["n_params"] / (2 * s["n_layers"] * s["n_kv_heads"] * s["d_head"] * 2 * s["context"]),
-                Hint("you left out the attention's own FLOPs over the 4,096 cached positions.", fix),
-            ),
-            Bug(
-                lambda: (
-                    (2 * s["n_params"] + 4 * s["n_layers"] * s["n_kv_heads"] * s["d_head"] * s["context"])
-                    / (2 * s["n_layers"] * s["n_kv_heads"] * s["d_head"] * 2 * s["context"])
-                ),
-                Hint(
-                    "the attention's FLOPs count every query head (64 of them, d_model = 8192 numbers per "
-                    "position), not only the 8 key/value heads: each key/value head serves a group of 8.",
-                    fix,
-                ),
-            ),
-            Bug(
-                lambda: batched_decode_intensity(inf, **{**s, "n_kv_heads": 64}),
-                Hint("with grouped-query attention only the 8 key/value heads are cached, not all 64.", fix),
-            ),
-            Bug(
-                lambda: 2 * expected,
-                Hint("each position caches a key AND a value, in every layer.", fix),
-            ),
-            Bug(
-                lambda: batched_decode_intensity(inf, **{**s, "bytes_per_number": 4}),
-                Hint("the cache is kept in 16 bits: 2 bytes per number.", fix),
-            ),
-            Bug(
-                lambda: 4 * s["n_layers"] * s["d_model"] / (2 * s["n_layers"] * s["n_kv_heads"] * s["d_head"] * 2),
-                Hint("that is the attention alone; each sequence's token also multiplies every weight.", fix),
-            ),
-        ),
+        bugs={value: Hint(concept, _INTENSITY_FIX) for value, concept in mistakes.items()},
         hint=Hint(
             "write the step's FLOPs and bytes for a batch of B sequences (the weights are read once per step, each "
             "sequence's cache once), then let B grow: which terms are left?",
-            fix,
+            _INTENSITY_FIX,
         ),
         atol=0.5,
     )
