@@ -1,18 +1,16 @@
-"""Chapter 10, encoder-only models: windows the masked-LM loss skips, a sentence's pseudo-log-likelihood, and a GPT
-read as a classifier.
-
-``check_empty_windows`` (a prediction), ``check_pseudo_log_likelihood``, ``check_last_vectors``.
-"""
+"""Chapter 10, encoder-only models: ``check_empty_windows`` (a prediction: the windows the masked-LM loss skips),
+``check_pseudo_log_likelihood`` (a sentence's), ``check_last_vectors`` (a GPT read as a classifier)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from ...models import EncoderOnlyConfig, EncoderOnlyTransformer
-from ._framework import Bug, Checker, Hint, bug_table, checker
+from ._framework import Checker, Hint, checker
 
 ANSWER_MARKERS: dict[str, tuple[str, ...]] = {  # exercise label -> strings that would give its answer away
     "ex-empty-windows": ("0.85**15", "0.85 ** 15", "0.087", "8.7%"),
@@ -40,27 +38,19 @@ def check_empty_windows(c: Checker, prediction: float) -> None:
     p, n = EMPTY_SETUP["p"], EMPTY_SETUP["n_positions"]
     expected = empty_share(p, n)
     fix = f"each of the {n} characters escapes selection with probability 1 - {p}, independently: (1 - {p})**{n}."
+    mistakes = {
+        empty_share(p, n + 1): f"[CLS] is never selected: only the {n} characters can be.",
+        1 - p * n: "the selections are independent draws, not exclusive events: probabilities of 'not selected' "
+        "multiply.",
+        p**n: "that is the share of windows in which *every* character is selected.",
+        1 - expected: "that is the share of windows with at least one selected position.",
+        1 - p: "that is one position's chance to escape selection, not the whole window's.",
+    }
     c.case(
         "the share of windows with no selected position",
         lambda: prediction,
         expected,
-        bugs=(
-            Bug(
-                lambda: empty_share(p, n + 1),
-                Hint(f"[CLS] is never selected: only the {n} characters can be.", fix),
-            ),
-            Bug(
-                lambda: 1 - p * n,
-                Hint(
-                    "the selections are independent draws, not exclusive events: probabilities of 'not selected' "
-                    "multiply.",
-                    fix,
-                ),
-            ),
-            Bug(lambda: p**n, Hint("that is the share of windows in which *every* character is selected.", fix)),
-            Bug(lambda: 1 - expected, Hint("that is the share of windows with at least one selected position.", fix)),
-            Bug(lambda: 1 - p, Hint("that is one position's chance to escape selection, not the whole window's.", fix)),
-        ),
+        bugs={value: Hint(concept, fix) for value, concept in mistakes.items()},
         hint=Hint(
             "a window adds nothing to the loss when none of its characters is selected; each one is selected on its "
             "own, with probability 0.15 (reread 'The masking recipe, by hand').",
@@ -76,12 +66,8 @@ def check_empty_windows(c: Checker, prediction: float) -> None:
 def _pseudo_log_likelihood(
     logits_fn: Callable[[Tensor], Tensor], ids: Tensor, mask_id: int, *, bug: str = ""
 ) -> Tensor:
-    """The sum over positions 1..T-1 of log p(ids[t]) with position t masked, one copy per position; or a bug:
-    "no mask" (the token visible), "all masked" (every position masked at once), "with cls" (position 0 counted),
-    "mean" (the mean instead of the sum), "probabilities" (p summed instead of log p).
-
-    Shapes: ids (T,) with [CLS] at 0; logits_fn (B, T) -> (B, T, vocab_size) -> a scalar tensor.
-    """
+    """The sum over positions 1..T-1 of log p(ids[t]) with position t masked, one copy per position; or with a bug
+    of :data:`_PLL_BUGS`. Shapes: ids (T,) with [CLS] at 0; logits_fn (B, T) -> (B, T, vocab_size) -> a scalar."""
     T = ids.shape[0]
     positions = torch.arange(0 if bug == "with cls" else 1, T)  # (n,)
     copies = ids.repeat(len(positions), 1)  # (n, T): copy i asks for position positions[i]
@@ -123,20 +109,31 @@ _PLL_FIX = (
     "sum logp[i, i + 1, ids[i + 1]] over i."
 )
 _PLL_BUGS = {  # bug -> hint, for _pseudo_log_likelihood(..., bug=bug)
-    "no mask": Hint(
-        "the model sees the token it is asked about: an encoder reads every position, its own included, so the "
-        "token must be hidden behind mask_id first.",
-        _PLL_FIX,
-    ),
-    "all masked": Hint(
-        "every position is masked at once, so each token is scored without the others as context: mask one "
-        "position per copy.",
-        _PLL_FIX,
-    ),
-    "with cls": Hint("position 0 holds [CLS], which is not part of the text and is never predicted.", _PLL_FIX),
-    "mean": Hint("that is the mean over the positions; the log-likelihood of a sequence is a sum.", _PLL_FIX),
-    "probabilities": Hint("you add probabilities; a log-likelihood adds their logarithms.", _PLL_FIX),
+    bug: Hint(concept, _PLL_FIX)
+    for bug, concept in {
+        "no mask": "the model sees the token it is asked about: an encoder reads every position, its own included, "
+        "so the token must be hidden behind mask_id first.",
+        "all masked": "every position is masked at once, so each token is scored without the others as context: "
+        "mask one position per copy.",
+        "with cls": "position 0 holds [CLS], which is not part of the text and is never predicted.",
+        "mean": "that is the mean over the positions; the log-likelihood of a sequence is a sum.",
+        "probabilities": "you add probabilities; a log-likelihood adds their logarithms.",
+    }.items()
 }
+_PLL_HINT = Hint(
+    "an encoder can score a sequence by asking for each token in turn with that token hidden, the rest visible, "
+    "and adding the log-probabilities (reread 'The masking recipe, by hand').",
+    _PLL_FIX,
+)
+
+
+def _pll_cases() -> Iterator[tuple[str, dict[str, Any]]]:
+    """Each case's name and inputs: a small random masked LM, a sequence behind [CLS] (id 1), the mask id 2."""
+    for name, vocab_size, T, seed in _PLL_CASES:
+        torch.manual_seed(seed)
+        model = _TinyMaskedLM(vocab_size, T).eval()
+        ids = torch.cat([torch.tensor([1]), torch.randint(3, vocab_size, (T - 1,))])
+        yield name, {"model": model, "ids": ids, "mask_id": 2}
 
 
 def _one_pass_per_position(logits_fn: Callable, ids: Tensor, mask_id: int) -> Tensor:
@@ -152,37 +149,16 @@ def check_pseudo_log_likelihood(c: Checker, pseudo_log_likelihood: Callable[[Cal
 
     Shapes: ids (T,) with [CLS] at position 0; logits_fn maps (B, T) ids to (B, T, vocab_size) logits -> a scalar.
     """
-    for name, vocab_size, T, seed in _PLL_CASES:
-        torch.manual_seed(seed)
-        model = _TinyMaskedLM(vocab_size, T).eval()
-        ids = torch.cat([torch.tensor([1]), torch.randint(3, vocab_size, (T - 1,))])
-        with torch.no_grad():
-            expected = _pseudo_log_likelihood(model, ids, 2)
-            bugs = bug_table(_PLL_BUGS, _pseudo_log_likelihood, model, ids, 2)
-        c.case(
-            name,
-            lambda model, ids, mask_id: pseudo_log_likelihood(model, ids, mask_id),
-            expected,
-            bugs=bugs,
-            hint=Hint(
-                "an encoder can score a sequence by asking for each token in turn with that token hidden, the rest "
-                "visible, and adding the log-probabilities (reread 'The masking recipe, by hand').",
-                _PLL_FIX,
-            ),
-            atol=1e-4,
-            inputs={"model": model, "ids": ids, "mask_id": 2},
-        )
+    with torch.no_grad():
+        c.cases(pseudo_log_likelihood, _pll_cases(), _pseudo_log_likelihood, _PLL_BUGS, hint=_PLL_HINT, atol=1e-4)
 
 
 # --------------------------------------------------------------------------- a GPT as a classifier
 
 
 def _last_vectors(hidden: Tensor, attention_mask: Tensor, *, bug: str = "") -> Tensor:
-    """Each sequence's vector at its last real position (right padding); or a bug: "last position" (padding read),
-    "first position", "mean" (over every position).
-
-    Shapes: hidden (B, T, d_model), attention_mask (B, T) of 1 and 0 -> (B, d_model).
-    """
+    """Each sequence's vector at its last real position (right padding), or with a bug of :data:`_LAST_BUGS`.
+    Shapes: hidden (B, T, d_model), attention_mask (B, T) of 1 and 0 -> (B, d_model)."""
     if bug == "last position":
         return hidden[:, -1]
     if bug == "first position":
@@ -207,22 +183,29 @@ _LAST_FIX = (
     "each row."
 )
 _LAST_BUGS = {  # bug -> hint, for _last_vectors(..., bug=bug)
-    "last position": Hint(
-        "the shorter sequences end in padding: their last column is a padding position, not the end of the text "
-        "(reread chapter 2 on padding, and 'Decoder-only, encoder-only, prefix-LM').",
-        _LAST_FIX,
-    ),
-    "first position": Hint(
-        "under a causal mask the first position has read only the first token: it is the last real position that "
-        "has read the whole sequence.",
-        _LAST_FIX,
-    ),
-    "mean": Hint(
-        "the mean counts the padding positions, and the early positions, which have read only the start of the "
-        "text: take the one position that has read all of it.",
-        _LAST_FIX,
-    ),
+    bug: Hint(concept, _LAST_FIX)
+    for bug, concept in {
+        "last position": "the shorter sequences end in padding: their last column is a padding position, not the "
+        "end of the text (reread chapter 2 on padding, and 'Decoder-only, encoder-only, prefix-LM').",
+        "first position": "under a causal mask the first position has read only the first token: it is the last "
+        "real position that has read the whole sequence.",
+        "mean": "the mean counts the padding positions, and the early positions, which have read only the start of "
+        "the text: take the one position that has read all of it.",
+    }.items()
 }
+_LAST_HINT = Hint(
+    "under a causal mask only the last real token of a sequence has read all of it, and with right padding each "
+    "sequence ends at its own length.",
+    _LAST_FIX,
+)
+
+
+def _last_cases() -> Iterator[tuple[str, dict[str, Any]]]:
+    """Each case's name and inputs: random vectors, and an attention mask of each sequence's length."""
+    g = torch.Generator().manual_seed(0)
+    for name, lengths, T, d_model in _LAST_CASES:
+        hidden = torch.randn(len(lengths), T, d_model, generator=g)
+        yield name, {"hidden": hidden, "attention_mask": (torch.arange(T) < torch.tensor(lengths)[:, None]).long()}
 
 
 @checker(
@@ -237,19 +220,4 @@ def check_last_vectors(c: Checker, last_vectors: Callable[[Tensor, Tensor], Tens
 
     Shapes: hidden (B, T, d_model), attention_mask (B, T) of 1 for tokens and 0 for padding -> (B, d_model).
     """
-    g = torch.Generator().manual_seed(0)
-    for name, lengths, T, d_model in _LAST_CASES:
-        hidden = torch.randn(len(lengths), T, d_model, generator=g)
-        attention_mask = (torch.arange(T) < torch.tensor(lengths)[:, None]).long()  # (B, T)
-        c.case(
-            name,
-            lambda hidden, attention_mask: last_vectors(hidden, attention_mask),
-            _last_vectors(hidden, attention_mask),
-            bugs=bug_table(_LAST_BUGS, _last_vectors, hidden, attention_mask),
-            hint=Hint(
-                "under a causal mask only the last real token of a sequence has read all of it, and with right "
-                "padding each sequence ends at its own length.",
-                _LAST_FIX,
-            ),
-            inputs={"hidden": hidden, "attention_mask": attention_mask},
-        )
+    c.cases(last_vectors, _last_cases(), _last_vectors, _LAST_BUGS, hint=_LAST_HINT)
