@@ -1,15 +1,9 @@
-"""The book's exercises as data: per chapter, each exercise's number, label, kind, title and checkers.
+"""The book's exercises as data: per chapter, each exercise's number ("3.2", the second of chapter 3), label, kind,
+title and checkers, read from the chapter notebooks (CONTRIBUTING.md, "Writing a checker", gives their cells).
 
-A chapter's exercises are read from its notebook, where each one is an ``{exercise}`` directive
-whose title starts with its kind (``Spot the bug: ...``), followed by a starter cell tagged
-``student``, a solution between ``{solution-start}`` and ``{solution-end}``, and, when the
-exercise is checked automatically, a code cell calling its ``check_...`` function. Exercises are
-numbered per chapter, "Exercise 3.2" being the second of chapter 3, in the HTML book (the
-``book_assets`` extension), the Colab notebooks and the grader.
-
-``catalogue.json`` next to this module holds every chapter's list, so that the grader knows which
-exercises a submission should have answered even when the student deleted their cells;
-``scripts/make_colab.py`` writes it, and a test fails when it is stale.
+``catalogue.json`` next to this module holds every chapter's list, so that the grader knows which exercises a
+submission should have answered even when the student deleted their cells; ``scripts/make_colab.py`` writes it,
+and a test fails when it is stale.
 """
 
 from __future__ import annotations
@@ -65,11 +59,9 @@ def split_kind(title: str) -> tuple[str, str]:
 
 
 def exercises_of(cells: list[Any], chapter: int) -> list[Exercise]:
-    """The exercises of a chapter notebook's ``cells`` (MyST form, as in ``chapters/``), in order.
-
-    An exercise's checkers are the ``check_...(`` calls at the start of a line in the code cells
-    between its directive and the next exercise's (or the end of the notebook).
-    """
+    """The exercises of a chapter notebook's ``cells`` (MyST form, as in ``chapters/``), in order; an exercise's
+    checkers are the ``check_...(`` calls at the start of a line in the code cells after its directive that are
+    not tagged ``solution`` or ``student``."""
     found: list[tuple[str, str, str]] = []  # (label, kind, title)
     checkers: list[list[str]] = []
     for cell in cells:
