@@ -81,12 +81,9 @@ def _residual(
 class EncoderLayer(nn.Module):
     """Self-attention then feed-forward, each with a residual connection and a norm.
 
-    ``forward(x, mask)`` returns ``x``, or ``(x, weights)`` with ``need_weights=True``.
-    With ``is_causal=True`` (and optionally a ``cache``) the same layer is a
-    decoder-only (GPT) block: :class:`DecoderOnlyLayer` is causal by default. ``rotary`` and ``alibi``
-    (a :class:`~transformer_lib.positional.RotaryEmbedding`, an
-    :class:`~transformer_lib.positional.ALiBi`) go to the self-attention, as in
-    :class:`~transformer_lib.attention.MultiHeadAttention`.
+    ``forward(x, mask)`` returns ``x``, or ``(x, weights)`` with ``need_weights=True``. Causal (``is_causal=True``,
+    optionally with a ``cache``) it is a GPT block (:class:`DecoderOnlyLayer`). ``rotary``, ``alibi`` and
+    ``n_kv_heads`` go to the :class:`~transformer_lib.attention.MultiHeadAttention`.
 
     Shapes: x (B, T, d_model), mask broadcastable to (B, n_heads, T, T)
         -> (B, T, d_model) [, weights (B, n_heads, T, T)]
@@ -133,24 +130,19 @@ class EncoderLayer(nn.Module):
         positions: Tensor | None = None,
         key_padding_mask: Tensor | None = None,
     ) -> Tensor | tuple[Tensor, Tensor]:
-        """``mask`` (T, T) or broadcastable to (B, n_heads, T, T) (a 2-D mask is always (T, T));
-        a per-example padding mask goes in ``key_padding_mask`` (B, T), True = token.
-        ``is_causal`` defaults to the class's ``causal``: False here, True for :class:`DecoderOnlyLayer`."""
+        """``mask`` broadcastable to (B, n_heads, T, T) (a 2-D mask is (T, T)); ``key_padding_mask`` (B, T),
+        True = token. ``is_causal`` defaults to the class's ``causal`` (True for :class:`DecoderOnlyLayer`)."""
         weights: list[Tensor] = []
-
-        def attend(h: Tensor) -> Tensor:
-            out = self.self_attn(
-                h,
-                mask=mask,
-                key_padding_mask=key_padding_mask,
-                need_weights=need_weights,
-                is_causal=self.causal if is_causal is None else is_causal,
-                cache=cache,
-                positions=positions,
-            )
-            return _keep(out, weights)
-
-        x = _residual(x, attend, self.norm1, self.dropout1, self.norm_first)
+        attend = functools.partial(
+            self.self_attn,
+            mask=mask,
+            key_padding_mask=key_padding_mask,
+            need_weights=need_weights,
+            is_causal=self.causal if is_causal is None else is_causal,
+            cache=cache,
+            positions=positions,
+        )
+        x = _residual(x, _keeping(attend, weights), self.norm1, self.dropout1, self.norm_first)
         x = _residual(x, self.ff, self.norm2, self.dropout2, self.norm_first)
         return (x, weights[0]) if need_weights else x
 
@@ -169,9 +161,8 @@ class DecoderOnlyLayer(EncoderLayer):
 class DecoderLayer(nn.Module):
     """Masked self-attention, cross-attention to the encoder memory, then feed-forward.
 
-    ``forward(x, memory, tgt_mask, memory_mask)`` returns ``x``, or with
-    ``need_weights=True`` ``(x, self_weights, cross_weights)``. ``tgt_is_causal``
-    adds the causal mask; ``self_cache``/``cross_cache`` enable incremental decoding.
+    ``forward(x, memory, tgt_mask, memory_mask)`` returns ``x``, or ``(x, self_weights, cross_weights)`` with
+    ``need_weights=True``; ``self_cache``/``cross_cache`` enable incremental decoding.
 
     Shapes: x (B, T, d_model), memory (B, S, d_model),
         tgt_mask broadcastable to (B, n_heads, T, T), memory_mask to (B, n_heads, T, S)
@@ -219,42 +210,39 @@ class DecoderLayer(nn.Module):
     ) -> Tensor | tuple[Tensor, Tensor, Tensor]:
         """Key-padding masks (B, T) and (B, S), True = token, hide each example's padding."""
         weights: list[Tensor] = []
-
-        def self_attend(h: Tensor) -> Tensor:
-            out = self.self_attn(
-                h,
-                mask=tgt_mask,
-                key_padding_mask=tgt_key_padding_mask,
-                need_weights=need_weights,
-                is_causal=tgt_is_causal,
-                cache=self_cache,
-            )
-            return _keep(out, weights)
-
-        def cross_attend(h: Tensor) -> Tensor:
-            out = self.cross_attn(
-                h,
-                memory,
-                memory,
-                mask=memory_mask,
-                key_padding_mask=memory_key_padding_mask,
-                need_weights=need_weights,
-                cache=cross_cache,
-            )
-            return _keep(out, weights)
-
-        x = _residual(x, self_attend, self.norm1, self.dropout1, self.norm_first)
-        x = _residual(x, cross_attend, self.norm2, self.dropout2, self.norm_first)
+        self_attend = functools.partial(
+            self.self_attn,
+            mask=tgt_mask,
+            key_padding_mask=tgt_key_padding_mask,
+            need_weights=need_weights,
+            is_causal=tgt_is_causal,
+            cache=self_cache,
+        )
+        cross_attend = functools.partial(
+            self.cross_attn,
+            key=memory,
+            mask=memory_mask,
+            key_padding_mask=memory_key_padding_mask,
+            need_weights=need_weights,
+            cache=cross_cache,
+        )
+        x = _residual(x, _keeping(self_attend, weights), self.norm1, self.dropout1, self.norm_first)
+        x = _residual(x, _keeping(cross_attend, weights), self.norm2, self.dropout2, self.norm_first)
         x = _residual(x, self.ff, self.norm3, self.dropout3, self.norm_first)
         return (x, weights[0], weights[1]) if need_weights else x
 
 
-def _keep(out: Tensor | tuple[Tensor, Tensor], weights: list[Tensor]) -> Tensor:
-    """Unpack ``(out, w)`` from attention when weights were asked for, remembering ``w``."""
-    if isinstance(out, tuple):
-        out, w = out
-        weights.append(w)
-    return out
+def _keeping(attention: Callable[[Tensor], Any], weights: list[Tensor]) -> Callable[[Tensor], Tensor]:
+    """``attention`` as a sublayer ``h -> out`` that appends its weights, when it returns them, to ``weights``."""
+
+    def sublayer(h: Tensor) -> Tensor:
+        out = attention(h)
+        if isinstance(out, tuple):
+            out, w = out
+            weights.append(w)
+        return out
+
+    return sublayer
 
 
 def run_layers(
