@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from ...attention import scaled_dot_product_attention
-from ._framework import Bug, Checker, Hint, bug_table, checker
+from ._framework import Checker, Hint, checker, two_bugs
 
 ANSWER_MARKERS: dict[str, tuple[str, ...]] = {  # exercise label -> what gives its answer away
     "ex-softmax": ("max(dim=-1, keepdim=True)", "max(-1, keepdim=True)", "sum(dim=-1, keepdim=True)"),
@@ -32,13 +32,10 @@ def softmax(scores):
     e = torch.exp(scores - scores.max())  # subtract the max: exp never overflows
     return e / e.sum(dim=0)
 """
-"""The exercise's starter cell: answered with this code unchanged, the check says "not answered yet"."""
 
 
 def _wrong_softmax(x: Tensor, *, bug: str) -> Tensor:
-    """The snippet's softmax with some of its bugs (:data:`_SOFTMAX_BUGS`): "no max" subtracted or the "whole
-    max" of the tensor; the sum over "axis 0" or over "all" entries; or "no keepdim". NaN reads as 0, as the case
-    runner reads the answer."""
+    """The snippet's softmax with some of its bugs (:data:`_SOFTMAX_BUGS`); NaN as 0, as the case runner reads it."""
     if bug == "no max":
         e = x.exp()
     elif bug.startswith("whole max"):
@@ -72,19 +69,15 @@ _MAXIMUM = Hint(
 )
 
 
-def _both(first: Hint, second: Hint) -> Hint:
-    return Hint(f"Two bugs: {first.concept}; and {second.concept}.", f"{first.fix}; and {second.fix}.")
-
-
 _SOFTMAX_BUGS = {  # bug -> hint, for _wrong_softmax(..., bug=bug): the snippet's two bugs, alone and together
     "no max": Hint(
         "exp of a large score overflows to inf, and inf / inf is NaN. A softmax is unchanged by adding the same "
         "constant to every score of a row: reread 'The dot product as similarity'.",
         "subtract each row's maximum first: scores - scores.max(dim=-1, keepdim=True).values",
     ),
-    "whole max, axis 0": _both(_AXIS, _MAXIMUM),
+    "whole max, axis 0": two_bugs(_AXIS, _MAXIMUM),
     "whole max": Hint(_MAXIMUM.concept + ".", _MAXIMUM.fix),
-    "whole max, all": _both(_EVERYTHING, _MAXIMUM),
+    "whole max, all": two_bugs(_EVERYTHING, _MAXIMUM),
     "axis 0": Hint(_AXIS.concept + ".", _AXIS.fix),
     "all": Hint(_EVERYTHING.concept + ".", _EVERYTHING.fix),
     "no keepdim": Hint(
@@ -108,9 +101,7 @@ def _softmax_error_hint(error: Exception) -> Hint | str:
 @checker(starter=SOFTMAX_STARTER, reference=lambda scores: torch.softmax(scores, dim=-1))
 def check_softmax(c: Checker, softmax: Callable[[Tensor], Tensor]) -> None:
     """Check ``softmax(scores) -> weights`` over the last axis, numerically stable for every row.
-
-    Shapes: scores (..., T_k) -> (..., T_k): no axis in front (one query), or any number of them.
-    """
+    Shapes: scores (..., T_k) -> (..., T_k), with any number of axes in front (or none)."""
     g = torch.Generator().manual_seed(0)
     cases = (
         ("the snippet's own example: one row (3.0, 1.0, 0.2)", torch.tensor([3.0, 1.0, 0.2])),
@@ -126,19 +117,18 @@ def check_softmax(c: Checker, softmax: Callable[[Tensor], Tensor]) -> None:
             torch.tensor([[60.0, 70.0, 65.0], [-95.0, -45.0, -85.0]]),
         ),
     )
-    for name, scores in cases:
-        c.case(
-            name,
-            lambda scores: softmax(scores),
-            torch.softmax(scores, dim=-1),
-            bugs=bug_table(_SOFTMAX_BUGS, _wrong_softmax, scores),
-            hint=Hint(
-                f"each query's weights over the keys must be positive and sum to 1, without overflow ({_SCALED}).",
-                "e = (scores - scores.max(dim=-1, keepdim=True).values).exp(), then e / e.sum(dim=-1, keepdim=True).",
-            ),
-            error_hint=_softmax_error_hint,
-            inputs={"scores": scores},
-        )
+    c.cases(
+        softmax,
+        [(name, {"scores": scores}) for name, scores in cases],
+        lambda scores: torch.softmax(scores, dim=-1),
+        _SOFTMAX_BUGS,
+        _wrong_softmax,
+        hint=Hint(
+            f"each query's weights over the keys must be positive and sum to 1, without overflow ({_SCALED}).",
+            "e = (scores - scores.max(dim=-1, keepdim=True).values).exp(), then e / e.sum(dim=-1, keepdim=True).",
+        ),
+        error_hint=_softmax_error_hint,
+    )
 
 
 # ---------------------------------------------------------------- Predict, then run: the spread of the scores
@@ -164,27 +154,20 @@ def check_score_std(c: Checker, prediction: float) -> None:
     k = x' W_k with x, x' of d_model = 64 and W_q, W_k of shape (64, 16), every entry drawn from N(0, 1)."""
     d_model, d_k = SCORE_STD_SETUP["d_model"], SCORE_STD_SETUP["d_k"]
     expected = score_std(d_model, d_k)
+    bugs = {
+        1.0: "1 is the chapter's answer for q and k whose entries have variance 1. Here they do not: each entry of "
+        "q = x W_q is itself a sum of d_model products.",
+        math.sqrt(d_model): f"sqrt(d_model) = {math.sqrt(d_model):g} is the std of one entry of q (or k). A score "
+        "multiplies an entry of q by one of k and sums d_k such products, then divides by sqrt(d_k).",
+        expected * math.sqrt(d_k): "that is the std before the division by sqrt(d_k): the scaled scores are "
+        "sqrt(d_k) times smaller.",
+        expected**2: "that is the variance; the question asks for the standard deviation.",
+    }
     c.case(
         f"std of q·k / sqrt(d_k), d_model={d_model}, d_k={d_k}, unit-variance x and W",
         lambda: prediction,
         expected,
-        bugs=(
-            Bug(
-                lambda: 1.0,
-                "1 is the chapter's answer for q and k whose entries have variance 1. Here they do not: each "
-                "entry of q = x W_q is itself a sum of d_model products.",
-            ),
-            Bug(
-                lambda: math.sqrt(d_model),
-                f"sqrt(d_model) = {math.sqrt(d_model):g} is the std of one entry of q (or k). A score multiplies "
-                "an entry of q by one of k and sums d_k such products, then divides by sqrt(d_k).",
-            ),
-            Bug(
-                lambda: expected * math.sqrt(d_k),
-                "that is the std before the division by sqrt(d_k): the scaled scores are sqrt(d_k) times smaller.",
-            ),
-            Bug(lambda: expected**2, "that is the variance; the question asks for the standard deviation."),
-        ),
+        bugs=bugs,
         hint=Hint(
             "apply the argument of 'Why divide by √d_k? Measure it' twice: first to one entry of q = x W_q, a sum "
             "of d_model products, then to the score, a sum of d_k products q_i k_i.",
@@ -211,7 +194,7 @@ def reference_distance_attention(q: Tensor, k: Tensor, v: Tensor, temperature: f
 
 
 def _wrong_distance_attention(q: Tensor, k: Tensor, v: Tensor, temperature: float, *, bug: str):
-    """Attention by distance with one of the bugs of :data:`_DISTANCE_BUGS`."""
+    """Attention by distance with a bug of :data:`_DISTANCE_BUGS`."""
     d2 = _squared_distances(q, k)
     scores = {
         "farthest": lambda: d2 / temperature,
@@ -261,24 +244,18 @@ def _distance_by_dot_products(q: Tensor, k: Tensor, v: Tensor, temperature: floa
 _PACKAGE_DIRS = (Path(torch.__file__).resolve().parent, Path(__file__).resolve().parent)
 
 
-def line_that_raised(error: BaseException) -> str:
-    """The source line of the answer where ``error`` was raised ('' if unknown): the last frame outside torch
-    and the checkers (works for notebook cells too, which IPython registers with ``linecache``)."""
-    for frame in reversed(traceback.extract_tb(error.__traceback__)):
-        path = Path(frame.filename).resolve()
-        if not any(d in path.parents for d in _PACKAGE_DIRS):
-            return frame.line or ""
-    return ""
-
-
-def uses_dot_T(line: str) -> bool:
-    """Whether a line of code uses the ``.T`` attribute (``k.T``, ``x.T @ y``)."""
+def _raised_on_dot_T(error: BaseException) -> bool:
+    """Whether the answer's line that raised ``error`` (the last frame outside torch and the checkers, notebook
+    cells included: IPython registers them with ``linecache``) uses ``.T`` (``k.T``, ``x.T @ y``)."""
+    frames = traceback.extract_tb(error.__traceback__)
+    answer = (f for f in reversed(frames) if not any(d in Path(f.filename).resolve().parents for d in _PACKAGE_DIRS))
+    line = next((f.line or "" for f in answer), "")
     return re.search(r"\.T\b", line) is not None
 
 
 def _distance_error_hint(error: Exception) -> Hint:
     """The ``k.T`` hint for the error ``k.T`` causes on batched keys; else a reminder of the shapes."""
-    if uses_dot_T(line_that_raised(error)) or re.search(r"`?x\.T`? on tensors", str(error)):
+    if _raised_on_dot_T(error) or re.search(r"`?x\.T`? on tensors", str(error)):
         return Hint(
             "k.T reverses ALL the axes of a batched k, not only the last two (reread 'Build it by hand, then check').",
             "use k.transpose(-2, -1) (or k.mT), which swaps only the last two.",
@@ -294,47 +271,34 @@ def _distance_error_hint(error: Exception) -> Hint:
 def check_distance_attention(c: Checker, distance_attention: Callable[..., tuple[Tensor, Tensor]]) -> None:
     """Check ``distance_attention(q, k, v, temperature) -> (out, weights)``, attention whose score for query i and
     key j is -||q_i - k_j||² / temperature.
-
-    Shapes: q (..., T_q, d), k (..., T_k, d), v (..., T_k, d_v) -> out (..., T_q, d_v), weights (..., T_q, T_k).
-    """
+    Shapes: q (..., T_q, d), k (..., T_k, d), v (..., T_k, d_v) -> out (..., T_q, d_v), weights (..., T_q, T_k)."""
     g = torch.Generator().manual_seed(1)
     keys = torch.tensor([[1.0, 0.1], [0.7, 0.7], [-0.7, 0.6], [-0.8, -0.4]])  # the chapter's four keys
+
+    def draw(*shapes: tuple[int, ...]) -> list[Tensor]:
+        return [torch.randn(*shape, generator=g) for shape in shapes]
+
     cases = [  # name, q, k, v, temperature
         ("one query, the chapter's four keys, temperature 1", torch.tensor([[1.0, 0.3]]), keys, keys, 1.0),
-        (
-            "3 queries, 5 keys, temperature 0.5",
-            torch.randn(3, 4, generator=g),
-            torch.randn(5, 4, generator=g),
-            torch.randn(5, 2, generator=g),
-            0.5,
-        ),
+        ("3 queries, 5 keys, temperature 0.5", *draw((3, 4), (5, 4), (5, 2)), 0.5),
         (
             "a batch of 2: q (2, 4, 8), k (2, 6, 8), v (2, 6, 3), temperature 4",
-            torch.randn(2, 4, 8, generator=g),
-            torch.randn(2, 6, 8, generator=g),
-            torch.randn(2, 6, 3, generator=g),
+            *draw((2, 4, 8), (2, 6, 8), (2, 6, 3)),
             4.0,
         ),
-        (
-            "batch and heads: (2, 3, 5, 4), temperature 2",
-            torch.randn(2, 3, 5, 4, generator=g),
-            torch.randn(2, 3, 5, 4, generator=g),
-            torch.randn(2, 3, 5, 4, generator=g),
-            2.0,
-        ),
+        ("batch and heads: (2, 3, 5, 4), temperature 2", *draw((2, 3, 5, 4), (2, 3, 5, 4), (2, 3, 5, 4)), 2.0),
     ]
-    for name, q, k, v, temperature in cases:
-        c.case(
-            name,
-            lambda q, k, v, temperature: distance_attention(q, k, v, temperature),
-            reference_distance_attention(q, k, v, temperature),
-            bugs=bug_table(_DISTANCE_BUGS, _wrong_distance_attention, q, k, v, temperature),
-            hint=Hint(
-                f"score every query against every key with {_DISTANCE_SCORE}, turn each query's scores into "
-                "weights over the keys, and return the output and the weights.",
-                f"weights = softmax({_DISTANCE_SCORE}) over the keys (dim=-1); return (weights @ v, weights).",
-            ),
-            error_hint=_distance_error_hint,
-            atol=1e-4,  # ||q||² - 2 q·k + ||k||² and the direct differences round differently
-            inputs={"q": q, "k": k, "v": v, "temperature": temperature},
-        )
+    c.cases(
+        distance_attention,
+        [(name, {"q": q, "k": k, "v": v, "temperature": t}) for name, q, k, v, t in cases],
+        reference_distance_attention,
+        _DISTANCE_BUGS,
+        _wrong_distance_attention,
+        hint=Hint(
+            f"score every query against every key with {_DISTANCE_SCORE}, turn each query's scores into "
+            "weights over the keys, and return the output and the weights.",
+            f"weights = softmax({_DISTANCE_SCORE}) over the keys (dim=-1); return (weights @ v, weights).",
+        ),
+        error_hint=_distance_error_hint,
+        atol=1e-4,  # ||q||² - 2 q·k + ||k||² and the direct differences round differently
+    )
