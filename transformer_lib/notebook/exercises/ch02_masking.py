@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from ...masks import causal_mask, combine_masks, padding_mask, prefix_lm_mask
-from ._framework import Bug, Checker, Hint, bug_table, checker
+from ._framework import Checker, Hint, checker, two_bugs
 
 ANSWER_MARKERS: dict[str, tuple[str, ...]] = {  # exercise label -> what gives its answer away
     "ex-decoder-mask": ("[:, None, None, :]", "~torch.triu(", "torch.tril(torch.ones(T, T"),
@@ -30,101 +30,85 @@ def decoder_mask(tokens, pad_id):
     not_pad = (tokens != pad_id)[:, None, :, None]  # (B, 1, T, 1)
     return future & not_pad  # (B, 1, T, T), True = may attend
 """
-"""The exercise's starter cell: answered with this code unchanged, the check says "not answered yet"."""
 
 _PITFALL = "reread 'A pitfall: nn.MultiheadAttention reads boolean masks the other way'"
 _PADDING = "reread 'Padding masks: batches of different lengths'"
 
 
-def _decoder_mask_bugs(tokens: Tensor, pad_id: int) -> tuple[Bug, ...]:
-    """The wrong combinations of a causal part and a padding part, each with a hint naming what is wrong."""
-    T = tokens.shape[1]
-    ones = torch.ones(T, T, dtype=torch.bool)
-    real = tokens != pad_id  # (B, T)
-    keys = "(tokens != pad_id)[:, None, None, :], shape (B, 1, 1, T)"
-    causal_parts = {  # (T, T), and what is wrong with it (None: right)
-        "right": (torch.tril(ones), None),
-        "future": (
-            torch.triu(ones, diagonal=1),
-            Hint(
-                "the causal part is True on the FUTURE keys, the convention of nn.MultiheadAttention and "
-                f"nn.Transformer, where True means blocked; here True means 'may attend' ({_PITFALL})",
-                "the lower triangle, torch.tril(torch.ones(T, T, dtype=torch.bool)) (or ~ of the triu)",
-            ),
-        ),
-        "strict": (
-            torch.tril(ones, diagonal=-1),
-            Hint(
-                "the diagonal is masked, yet a position may attend to itself: key j is allowed for j <= i",
-                "torch.tril with diagonal=0",
-            ),
-        ),
-    }
-    padding_parts = {  # broadcastable to (B, 1, T, T), and what is wrong with it (None: right)
-        "keys": (real[:, None, None, :], None),
-        "queries": (
-            real[:, None, :, None],
-            Hint(
-                "the padding is on the QUERY axis, (B, 1, T, 1): that empties the rows of the padding positions, "
-                f"which nobody needs, and hides no padding from the real queries ({_PADDING})",
-                f"hide the padding as KEYS, from every query: {keys}",
-            ),
-        ),
-        "both": (
-            real[:, None, :, None] & real[:, None, None, :],
-            Hint(
-                "you hide the padding queries as well as the padding keys: the emptied rows are NaN with a plain "
-                "softmax (reread 'Fully masked rows: NaN, or zeros')",
-                f"hide the keys only: {keys}",
-            ),
-        ),
-        "inverted": (
-            (~real)[:, None, None, :],
-            Hint(
-                "the padding part is inverted: it lets the queries see the padding and hides the real tokens",
-                "tokens != pad_id marks the real tokens, which may be attended to",
-            ),
-        ),
-        "none": (
-            torch.ones_like(real)[:, None, None, :],
-            Hint(f"the padding keys are not hidden ({_PADDING})", f"AND the causal part with {keys}"),
-        ),
-    }
-    bugs = []
-    for causal, causal_hint in causal_parts.values():
-        for padding, padding_hint in padding_parts.values():
-            hints = [h for h in (causal_hint, padding_hint) if h]
-            if not hints:
-                continue
-            both = "Two bugs: " if len(hints) == 2 else ""
-            hint = Hint(both + "; and ".join(h.concept for h in hints) + ".", "; and ".join(h.fix for h in hints) + ".")
-            bugs.append(Bug(lambda causal=causal, padding=padding: causal & padding, hint))
-    expected = combine_masks(causal_mask(T), padding_mask(tokens, pad_id))
-    bugs.append(
-        Bug(
-            lambda: expected[:, 0],
-            Hint(
-                "right values, but shape (B, T, T) does not broadcast over the heads: the mask needs a head axis.",
-                "keep the head axis, (B, 1, T, T): mask[:, None].",
-            ),
-        )
+_KEYS = "(tokens != pad_id)[:, None, None, :], shape (B, 1, 1, T)"
+_CAUSAL_PARTS = {  # a wrong causal part, (T, T): what is wrong with it
+    "future": Hint(
+        "the causal part is True on the FUTURE keys, the convention of nn.MultiheadAttention and "
+        f"nn.Transformer, where True means blocked; here True means 'may attend' ({_PITFALL})",
+        "the lower triangle, torch.tril(torch.ones(T, T, dtype=torch.bool)) (or ~ of the triu)",
+    ),
+    "strict": Hint(
+        "the diagonal is masked, yet a position may attend to itself: key j is allowed for j <= i",
+        "torch.tril with diagonal=0",
+    ),
+}
+_PADDING_PARTS = {  # a wrong padding part, broadcastable to (B, 1, T, T): what is wrong with it
+    "queries": Hint(
+        "the padding is on the QUERY axis, (B, 1, T, 1): that empties the rows of the padding positions, "
+        f"which nobody needs, and hides no padding from the real queries ({_PADDING})",
+        f"hide the padding as KEYS, from every query: {_KEYS}",
+    ),
+    "both": Hint(
+        "you hide the padding queries as well as the padding keys: the emptied rows are NaN with a plain "
+        "softmax (reread 'Fully masked rows: NaN, or zeros')",
+        f"hide the keys only: {_KEYS}",
+    ),
+    "inverted": Hint(
+        "the padding part is inverted: it lets the queries see the padding and hides the real tokens",
+        "tokens != pad_id marks the real tokens, which may be attended to",
+    ),
+    "none": Hint(f"the padding keys are not hidden ({_PADDING})", f"AND the causal part with {_KEYS}"),
+}
+
+
+def _one_or_two(causal: Hint | None, padding: Hint | None) -> Hint:
+    if causal and padding:
+        return two_bugs(causal, padding)
+    hint = causal or padding
+    assert hint is not None
+    return Hint(hint.concept + ".", hint.fix + ".")
+
+
+_DECODER_MASK_BUGS = {  # "causal + padding" -> hint, for _decoder_mask(..., bug=bug): every wrong combination
+    " + ".join(filter(None, (causal, padding))): _one_or_two(_CAUSAL_PARTS.get(causal), _PADDING_PARTS.get(padding))
+    for causal in ("", *_CAUSAL_PARTS)
+    for padding in ("", *_PADDING_PARTS)
+    if causal or padding
+} | {
+    "no head axis": Hint(
+        "right values, but shape (B, T, T) does not broadcast over the heads: the mask needs a head axis.",
+        "keep the head axis, (B, 1, T, T): mask[:, None].",
     )
-    return tuple(bugs)
+}
 
 
-def _decoder_mask_by_hand(tokens: Tensor, pad_id: int) -> Tensor:
-    """By hand: the checker refuses the library's masks."""
-    T = tokens.shape[1]
-    return torch.ones(T, T, dtype=torch.bool).tril() & (tokens != pad_id)[:, None, None, :]
+def _decoder_mask(tokens: Tensor, pad_id: int, *, bug: str = "") -> Tensor:
+    """The mask by hand (the checker refuses the library's masks), or with a bug of :data:`_DECODER_MASK_BUGS`.
+    Shapes: tokens (B, T) -> (B, 1, T, T), or (B, T, T) for "no head axis"."""
+    T, real = tokens.shape[1], tokens != pad_id  # real: (B, T)
+    ones, parts = torch.ones(T, T, dtype=torch.bool), bug.split(" + ")
+    causal = ones.triu(diagonal=1) if "future" in parts else ones.tril(diagonal=-1 if "strict" in parts else 0)
+    paddings = {
+        "keys": real[:, None, None, :],
+        "queries": real[:, None, :, None],
+        "both": real[:, None, :, None] & real[:, None, None, :],
+        "inverted": (~real)[:, None, None, :],
+        "none": torch.ones_like(real)[:, None, None, :],
+    }
+    mask = causal & paddings[next((p for p in parts if p in paddings), "keys")]
+    return mask[:, 0] if bug == "no head axis" else mask
 
 
-@checker(starter=DECODER_MASK_STARTER, reference=_decoder_mask_by_hand)
+@checker(starter=DECODER_MASK_STARTER, reference=_decoder_mask)
 def check_decoder_mask(c: Checker, decoder_mask: Callable[[Tensor, int], Tensor]) -> None:
     """Check ``decoder_mask(tokens, pad_id) -> (B, 1, T, T)`` boolean: True where query i may attend to key j,
     that is j <= i and token j is not padding, built without the library's masks (which hold the answer).
-
-    Shapes: tokens (B, T) -> (B, 1, T, T).
-    """
+    Shapes: tokens (B, T) -> (B, 1, T, T)."""
     cases = (
         ("no padding: one sequence of 4 tokens", torch.tensor([[5, 6, 7, 8]]), 0),
         ("right padding, pad_id=0", torch.tensor([[5, 6, 7, 0, 0], [8, 9, 3, 4, 1]]), 0),
@@ -140,20 +124,19 @@ def check_decoder_mask(c: Checker, decoder_mask: Callable[[Tensor, int], Tensor]
         hint="the exercise asks you to find the two bugs of the ported code and fix them; the library's "
         "causal_mask, padding_mask and combine_masks already hold the answer, so calling them fixes nothing.",
     ):
-        for name, tokens, pad_id in cases:
-            c.case(
-                name,
-                lambda tokens, pad_id: decoder_mask(tokens, pad_id),
-                combine_masks(causal_mask(tokens.shape[1]), padding_mask(tokens, pad_id)),
-                bugs=_decoder_mask_bugs(tokens, pad_id),
-                hint=Hint(
-                    "query i may attend to key j when j <= i and token j is not padding: a causal part AND a "
-                    "padding part, with True = may attend (reread 'Combining masks').",
-                    "causal & not_padding, with causal = torch.tril(torch.ones(T, T, dtype=torch.bool)) and the "
-                    "padding keys hidden: not_padding = (tokens != pad_id)[:, None, None, :].",
-                ),
-                inputs={"tokens": tokens, "pad_id": pad_id},
-            )
+        c.cases(
+            decoder_mask,
+            [(name, {"tokens": tokens, "pad_id": pad_id}) for name, tokens, pad_id in cases],
+            lambda tokens, pad_id: combine_masks(causal_mask(tokens.shape[1]), padding_mask(tokens, pad_id)),
+            _DECODER_MASK_BUGS,
+            _decoder_mask,
+            hint=Hint(
+                "query i may attend to key j when j <= i and token j is not padding: a causal part AND a "
+                "padding part, with True = may attend (reread 'Combining masks').",
+                "causal & not_padding, with causal = torch.tril(torch.ones(T, T, dtype=torch.bool)) and the "
+                "padding keys hidden: not_padding = (tokens != pad_id)[:, None, None, :].",
+            ),
+        )
 
 
 # ---------------------------------------------------------------- Predict, then run: positions that cheat
@@ -174,28 +157,19 @@ def check_cheating_positions(c: Checker, prediction: int) -> None:
     """Check ``prediction``, the number of positions (of 7) at which chapter 2's TinyLM, trained on random tokens
     with ``prefix_lm_mask(7, prefix_len=4)`` instead of the causal mask, learns to copy its target."""
     T_in, prefix_len = CHEATING_SETUP["T_in"], CHEATING_SETUP["prefix_len"]
-    expected = float(cheating_positions(T_in, prefix_len))
+    bugs = {
+        0: "the prefix is bidirectional: a query inside it sees the LATER prefix tokens too, and the next token is "
+        "one of them.",
+        prefix_len: f"off by one: the last prefix position, {prefix_len - 1}, has its target at position "
+        f"{prefix_len}, after the prefix, where it cannot look.",
+        T_in - 1: "that is the unmasked model's count: after the prefix the mask is causal, and a causal query "
+        "cannot see the next token.",
+    }
     c.case(
         f"positions that can see their target, {T_in} inputs, prefix_len={prefix_len}",
         lambda: prediction,
-        expected,
-        bugs=(
-            Bug(
-                lambda: 0.0,
-                "the prefix is bidirectional: a query inside it sees the LATER prefix tokens too, and the next "
-                "token is one of them.",
-            ),
-            Bug(
-                lambda: float(prefix_len),
-                f"off by one: the last prefix position, {prefix_len - 1}, has its target at position {prefix_len}, "
-                "after the prefix, where it cannot look.",
-            ),
-            Bug(
-                lambda: float(T_in - 1),
-                "that is the unmasked model's count: after the prefix the mask is causal, and a causal query cannot "
-                "see the next token.",
-            ),
-        ),
+        float(cheating_positions(T_in, prefix_len)),
+        bugs=bugs,
         hint=Hint(
             "the target of position t is input token t + 1 (reread 'Why decoders need a causal mask'), so position "
             "t can copy it exactly when the mask lets query t attend to key t + 1: look at the prefix-LM mask "
@@ -217,8 +191,7 @@ def reference_packed_mask(doc_ids: Tensor) -> Tensor:
 
 
 def _wrong_packed_mask(doc_ids: Tensor, *, bug: str) -> Tensor:
-    """A packed mask with one of the bugs of :data:`_PACKED_BUGS`. Shapes: doc_ids (B, T) -> (B, 1, T, T) or
-    (B, T, T)."""
+    """A packed mask with a bug of :data:`_PACKED_BUGS`. Shapes: doc_ids (B, T) -> (B, 1, T, T) or (B, T, T)."""
     if bug == "inverted":
         return ~reference_packed_mask(doc_ids)
     if bug == "no head axis":
@@ -257,26 +230,23 @@ _PACKED_BUGS = {  # bug -> hint, for _wrong_packed_mask(..., bug=bug)
 def check_packed_mask(c: Checker, packed_mask: Callable[[Tensor], Tensor]) -> None:
     """Check ``packed_mask(doc_ids) -> (B, 1, T, T)`` boolean: True where query i may attend to key j, that is
     j <= i and positions i and j belong to the same document (``doc_ids[b, i] == doc_ids[b, j]``).
-
-    Shapes: doc_ids (B, T) integer ids, each document a contiguous run -> (B, 1, T, T).
-    """
+    Shapes: doc_ids (B, T) integer ids, each document a contiguous run -> (B, 1, T, T)."""
     cases = (
         ("one row, documents of lengths 3, 2, 3", torch.tensor([[0, 0, 0, 1, 1, 2, 2, 2]])),
         ("a batch of 2 rows, any ids", torch.tensor([[7, 7, 3, 3, 3, 3, 9, 9], [1, 1, 1, 1, 1, 2, 2, 2]])),
         ("one document: the causal mask", torch.tensor([[4, 4, 4, 4, 4]])),
         ("every token its own document", torch.tensor([[0, 1, 2, 3]])),
     )
-    for name, doc_ids in cases:
-        c.case(
-            name,
-            lambda doc_ids: packed_mask(doc_ids),
-            reference_packed_mask(doc_ids),
-            bugs=bug_table(_PACKED_BUGS, _wrong_packed_mask, doc_ids),
-            hint=Hint(
-                "query i may attend to key j when j <= i and both lie in the same document: compare every "
-                "query's document with every key's, (B, T_q, T_k), and combine that with the causal mask "
-                "(reread 'Combining masks').",
-                f"{_SAME_DOCUMENT} (B, T_q, T_k), AND it with the causal mask, and add the head axis: (B, 1, T, T).",
-            ),
-            inputs={"doc_ids": doc_ids},
-        )
+    c.cases(
+        packed_mask,
+        [(name, {"doc_ids": doc_ids}) for name, doc_ids in cases],
+        reference_packed_mask,
+        _PACKED_BUGS,
+        _wrong_packed_mask,
+        hint=Hint(
+            "query i may attend to key j when j <= i and both lie in the same document: compare every "
+            "query's document with every key's, (B, T_q, T_k), and combine that with the causal mask "
+            "(reread 'Combining masks').",
+            f"{_SAME_DOCUMENT} (B, T_q, T_k), AND it with the causal mask, and add the head axis: (B, 1, T, T).",
+        ),
+    )
