@@ -1,7 +1,6 @@
 """Chapter 3, multi-head attention: ``check_split_heads`` (fix a head split that folds the heads into the batch in
-the wrong order),
-``check_multi_head_attention`` (fix a forward pass that reshapes keys and values with the query's length) and
-``check_attention_crossover`` (a prediction: the length from which attention outweighs the rest of a layer)."""
+the wrong order), ``check_multi_head_attention`` (fix a forward pass that reshapes keys and values with the query's
+length) and ``check_attention_crossover`` (a prediction: the length from which attention outweighs the rest)."""
 
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ import torch
 from torch import Tensor
 
 from ...attention import MultiHeadAttention, scaled_dot_product_attention
-from ._framework import Bug, Checker, Hint, bug_table, checker
+from ._framework import Checker, Hint, bug_table, checker
 
 ANSWER_MARKERS: dict[str, tuple[str, ...]] = {  # exercise label -> what gives its answer away
     "ex-split-heads": ("stack(x.split(d_head, dim=-1), dim=1)", "reshape(B * n_heads, T, d_head)", "example-major"),
@@ -33,17 +32,13 @@ def split_heads(x, n_heads):  # find and fix the bug
     d_head = x.shape[-1] // n_heads
     return torch.cat(x.split(d_head, dim=-1), dim=0)  # n_heads pieces (B, T, d_head), one after the other
 """
-"""The exercise's starter cell: answered with this code unchanged, the check says "not answered yet"."""
 
 _SPLIT_SECTION = "reread 'Splitting and merging heads'"
 
 
 def _fold(x: Tensor, n_heads: int, *, bug: str = "") -> Tensor:
-    """The right fold: (B, T, d_model) -> (B * n_heads, T, d_head), row b * n_heads + h = head h of example b; or a
-    wrong one of :data:`_SPLIT_BUGS`: "sequence-first" is PyTorch's F.multi_head_attention_forward line, written
-    for (T, B, d_model), applied to (B, T, d_model) (right for B = 1, it mixes the examples' positions beyond);
-    "straight" x.view(B * n_heads, T, d_head), each "head" a run of T * d_head consecutive numbers of one example;
-    "head-major" the heads in the order (n_heads, B), row h * B + b; "not folded" (B, n_heads, T, d_head)."""
+    """The fold (B, T, d_model) -> (B * n_heads, T, d_head), row b * n_heads + h = head h of example b, or a wrong
+    one of :data:`_SPLIT_BUGS` ("sequence-first": F.multi_head_attention_forward's line for (T, B, d_model))."""
     B, T, d_model = x.shape
     d_head = d_model // n_heads
     if bug == "sequence-first":
@@ -90,25 +85,23 @@ _SPLIT_BUGS = {  # bug -> hint, for _fold(..., bug=bug)
 def check_split_heads(c: Checker, split_heads: Callable[[Tensor, int], Tensor]) -> None:
     """Check ``split_heads(x, n_heads)``, which folds the heads into the batch for ``torch.bmm``: row
     ``b * n_heads + h`` of the result is head h of example b, the features h * d_head to (h + 1) * d_head - 1 of
-    every position.
-
-    Shapes: x (B, T, d_model) -> (B * n_heads, T, d_head).
-    """
+    every position. Shapes: x (B, T, d_model) -> (B * n_heads, T, d_head)."""
     g = torch.Generator().manual_seed(1)
-    for B, T, d_model, n_heads in ((1, 4, 8, 2), (3, 5, 12, 3), (2, 7, 16, 4)):
-        x = torch.randn(B, T, d_model, generator=g)
-        c.case(
-            f"B={B}, T={T}, d_model={d_model}, n_heads={n_heads}",
-            lambda x, n_heads: split_heads(x, n_heads),
-            _fold(x, n_heads),
-            bugs=bug_table(_SPLIT_BUGS, _fold, x, n_heads),
-            hint=Hint(
-                "row b * n_heads + h must hold head h of example b: the features h * d_head to (h + 1) * d_head - 1 "
-                f"of every position of that example ({_SPLIT_SECTION}).",
-                f"{_FOLD}.",
-            ),
-            inputs={"x": x, "n_heads": n_heads},
-        )
+    sizes = ((1, 4, 8, 2), (3, 5, 12, 3), (2, 7, 16, 4))  # B, T, d_model, n_heads
+    c.cases(
+        split_heads,
+        [
+            (f"B={B}, T={T}, d_model={d}, n_heads={h}", {"x": torch.randn(B, T, d, generator=g), "n_heads": h})
+            for B, T, d, h in sizes
+        ],
+        _fold,
+        _SPLIT_BUGS,
+        hint=Hint(
+            "row b * n_heads + h must hold head h of example b: the features h * d_head to (h + 1) * d_head - 1 "
+            f"of every position of that example ({_SPLIT_SECTION}).",
+            f"{_FOLD}.",
+        ),
+    )
 
 
 # ---------------------------------------------------------------- Spot the bug: keys reshaped with the query's length
@@ -126,23 +119,17 @@ def mha_forward(mha, query, key, value):  # find and fix the bug
     out = (weights @ v).transpose(1, 2).reshape(batch_size, seq_len, d_model)  # (B, T_q, d_model)
     return mha.out_proj(out)
 """
-"""The exercise's starter cell: answered with this code unchanged, the check says "not answered yet"."""
 
 
-def _split_batch_first(x: Tensor, n_heads: int) -> Tensor:
-    B, T, d_model = x.shape
-    return x.view(B, T, n_heads, d_model // n_heads).transpose(1, 2)
-
-
-def _split_seq_first(x: Tensor, n_heads: int) -> Tensor:
-    # Seq-first code applied to batch-first data: right for B = 1, mixes examples for B > 1.
-    B, T, d_model = x.shape
-    return x.reshape(T, B * n_heads, d_model // n_heads).transpose(0, 1).reshape(B, n_heads, T, d_model // n_heads)
-
-
-def _split_straight(x: Tensor, n_heads: int) -> Tensor:
-    B, T, d_model = x.shape
-    return x.reshape(B, n_heads, T, d_model // n_heads)
+def _heads(x: Tensor, n_heads: int, bug: str = "") -> Tensor:
+    """(B, T, d_model) -> (B, n_heads, T, d_head); or with the "sequence-first" split (seq-first code on batch-first
+    data: right for B = 1, it mixes the examples beyond) or a "plain reshape"."""
+    B, T, _ = x.shape
+    if bug == "sequence-first":
+        return x.reshape(T, B * n_heads, -1).transpose(0, 1).reshape(B, n_heads, T, -1)
+    if bug == "plain reshape":
+        return x.reshape(B, n_heads, T, -1)
+    return x.view(B, T, n_heads, -1).transpose(1, 2)
 
 
 _SHAPE_ERROR_WORDS = ("is invalid for input of size", "must match the size", "Expected size", "size mismatch")
@@ -162,8 +149,7 @@ def _query_length_hint(error: Exception) -> Hint | str:
 
 def _mha_by_hand(mha: MultiHeadAttention, query: Tensor, key: Tensor, *, bug: str) -> Tensor:
     """``mha(query, key, key)`` computed by hand with one of the bugs of :data:`_MHA_BUGS`."""
-    split = {"sequence-first": _split_seq_first, "plain reshape": _split_straight}.get(bug, _split_batch_first)
-    q, k, v = (split(t, mha.n_heads) for t in (mha.q_proj(query), mha.k_proj(key), mha.v_proj(key)))
+    q, k, v = (_heads(t, mha.n_heads, bug) for t in (mha.q_proj(query), mha.k_proj(key), mha.v_proj(key)))
     scale = 1.0 if bug == "unscaled" else None  # None: 1 / sqrt(d_head)
     out, _ = scaled_dot_product_attention(q, k, v, scale=scale)  # (B, n_heads, T_q, d_head)
     if bug not in ("no transpose", "plain reshape"):
@@ -197,13 +183,10 @@ _MHA_BUGS = {  # bug -> hint, for _mha_by_hand(..., bug=bug)
 
 @checker(starter=MHA_FORWARD_STARTER, reference=lambda mha, query, key, value: mha(query, key, value))
 def check_multi_head_attention(c: Checker, mha_forward: Callable[..., Tensor]) -> None:
-    """Check ``mha_forward(mha, query, key, value)`` computing multi-head attention by hand.
-
-    It must use the projections of ``mha`` (a :class:`MultiHeadAttention`) and equal ``mha(query, key, value)``,
-    for self-attention, for cross-attention (more keys than queries) and for one new query against a cache of keys.
-
-    Shapes: query (B, T_q, d_model), key/value (B, T_k, d_model) -> (B, T_q, d_model).
-    """
+    """Check ``mha_forward(mha, query, key, value)``, multi-head attention by hand with the projections of ``mha``
+    (a :class:`MultiHeadAttention`): it must equal ``mha(query, key, value)`` for self-attention, cross-attention
+    and one new query against a cache of keys.
+    Shapes: query (B, T_q, d_model), key/value (B, T_k, d_model) -> (B, T_q, d_model)."""
     torch.manual_seed(2)  # @checker restores the reader's random state afterwards
     cases = (
         ("self-attention, batch of 1", 1, 5, 5),
@@ -256,39 +239,28 @@ def check_attention_crossover(c: Checker, prediction: float) -> None:
     the four projections and the feed-forward layer together."""
     d_model, n_heads, d_ff = (CROSSOVER_SETUP[k] for k in ("d_model", "n_heads", "d_ff"))
     expected = attention_crossover(d_model, d_ff)
+    bugs = {
+        2 * d_model: Hint(
+            f"{2 * d_model} = 2 d_model is where attention overtakes the four projections alone (the chapter's "
+            "table). The feed-forward layer belongs to the rest too.",
+            "the feed-forward layer adds 2 T d_model d_ff to the rest.",
+        ),
+        d_ff: Hint(
+            f"{d_ff} is the feed-forward layer's width, not a length: count its multiply-adds, and the four "
+            "projections' as well.",
+            "the feed-forward layer is two products, (T, d_model) x (d_model, d_ff) and back, 2 T d_model d_ff in "
+            "all; the projections 4 T d_model².",
+        ),
+        2 * expected: "attention has two products of T² d_model each, the scores Q K^T and the weights times V: "
+        "2 T² d_model, not T² d_model.",
+        expected * n_heads: "the heads do not change the count: n_heads heads of size d_head = d_model / n_heads "
+        "do n_heads T² d_head = T² d_model multiply-adds per product.",
+    }
     c.case(
         f"T at which attention costs as much as the rest, d_model={d_model}, d_ff={d_ff}",
         lambda: prediction,
         expected,
-        bugs=(
-            Bug(
-                lambda: float(2 * d_model),
-                Hint(
-                    f"{2 * d_model} = 2 d_model is where attention overtakes the four projections alone (the "
-                    "chapter's table). The feed-forward layer belongs to the rest too.",
-                    "the feed-forward layer adds 2 T d_model d_ff to the rest.",
-                ),
-            ),
-            Bug(
-                lambda: float(d_ff),
-                Hint(
-                    f"{d_ff} is the feed-forward layer's width, not a length: count its multiply-adds, and the "
-                    "four projections' as well.",
-                    "the feed-forward layer is two products, (T, d_model) x (d_model, d_ff) and back, 2 T d_model "
-                    "d_ff in all; the projections 4 T d_model².",
-                ),
-            ),
-            Bug(
-                lambda: 2 * expected,
-                "attention has two products of T² d_model each, the scores Q K^T and the weights times V: "
-                "2 T² d_model, not T² d_model.",
-            ),
-            Bug(
-                lambda: expected * n_heads,
-                "the heads do not change the count: n_heads heads of size d_head = d_model / n_heads do "
-                "n_heads T² d_head = T² d_model multiply-adds per product.",
-            ),
-        ),
+        bugs=bugs,
         hint=Hint(
             "count the multiply-adds of every product as 'What attention costs' does: attention grows like T², the "
             "rest like T, and the crossover is where the two counts are equal.",
