@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ...positional import ALiBi, RotaryEmbedding, alibi_bias, alibi_slopes, sinusoidal_encoding
-from ._framework import Bug, Checker, Hint, bug_table, checker
+from ._framework import Checker, Hint, bug_table, checker
 
 ANSWER_MARKERS: dict[str, tuple[str, ...]] = {  # exercise label -> what gives its answer away
     "ex-sinusoidal": ("-(np.log(10000.0) / d_model)", "-np.log(10000", "np.exp(-np.arange", "the minus sign"),
@@ -39,16 +39,11 @@ def positional_encoding(max_len, d_model):  # find and fix the bug
     angles = position * frequencies  # (max_len, d_model/2): position times frequency
     return np.stack([np.sin(angles), np.cos(angles)], axis=-1).reshape(max_len, d_model)  # sin, cos, sin, ...
 """
-"""The exercise's starter cell: answered with this code unchanged, the check says "not answered yet"."""
 
 
 def _sinusoidal(max_len: int, d_model: int, *, bug: str = "") -> Tensor:
-    """The sinusoidal encoding, or one of its classic wrong versions (:data:`_SINUSOIDAL_BUGS`).
-
-    "no minus" is the starter's: pos * 10000^(2i/d) where pos / 10000^(2i/d) belongs. "chapter loop" is the
-    chapter's loop: sine with exponent 2j/d, cosine with 2(j+1)/d, j = 0, 2, 4, ... the even dimension.
-    Shapes: -> (max_len, d_model).
-    """
+    """The sinusoidal encoding (max_len, d_model), or a classic wrong one of :data:`_SINUSOIDAL_BUGS`: "no minus"
+    is the starter's, "chapter loop" the chapter's (sine with exponent 2j/d, cosine with 2(j+1)/d, j even)."""
     start = 1 if bug == "from 1" else 0
     pos = torch.arange(start, start + max_len, dtype=torch.float64)[:, None]  # (max_len, 1)
     i = torch.arange(d_model // 2, dtype=torch.float64)  # the pairs, 0 .. d/2 - 1
@@ -129,23 +124,20 @@ _SINUSOIDAL_BUGS = {  # bug -> hint, for _sinusoidal(..., bug=bug)
 @checker(starter=SINUSOIDAL_STARTER, reference=sinusoidal_encoding)
 def check_sinusoidal_encoding(c: Checker, encoding: Callable[[int, int], Any]) -> None:
     """Check ``encoding(max_len, d_model) -> PE`` of Vaswani et al.: PE[pos, 2i] = sin(pos / 10000^(2i/d_model)),
-    PE[pos, 2i+1] = cos(pos / 10000^(2i/d_model)), as a NumPy array or a tensor.
-
-    Shapes: returns (max_len, d_model).
-    """
-    for max_len, d_model in ((10, 8), (50, 16), (100, 64)):
-        c.case(
-            f"max_len={max_len}, d_model={d_model}",
-            lambda n=max_len, d=d_model: _as_tensor(encoding(n, d)),
-            sinusoidal_encoding(max_len, d_model),
-            bugs=bug_table(_SINUSOIDAL_BUGS, _sinusoidal, max_len, d_model),
-            hint=Hint(
-                "compare your table with tl.sinusoidal_encoding(max_len, d_model), row by row, and "
-                f"{_THE_FORMULA}: each pair holds the sine and the cosine of one angle.",
-                "angles = pos / 10000 ** (j / d_model) for pos = 0 .. max_len-1 and the even dimensions "
-                "j = 0, 2, ..., d_model-2; pe[:, 0::2] = sin(angles), pe[:, 1::2] = cos(angles).",
-            ),
-        )
+    PE[pos, 2i+1] = cos(pos / 10000^(2i/d_model)), as a NumPy array or a tensor. Shapes: -> (max_len, d_model)."""
+    c.cases(
+        lambda max_len, d_model: _as_tensor(encoding(max_len, d_model)),
+        [(f"max_len={n}, d_model={d}", {"max_len": n, "d_model": d}) for n, d in ((10, 8), (50, 16), (100, 64))],
+        sinusoidal_encoding,
+        _SINUSOIDAL_BUGS,
+        _sinusoidal,
+        hint=Hint(
+            "compare your table with tl.sinusoidal_encoding(max_len, d_model), row by row, and "
+            f"{_THE_FORMULA}: each pair holds the sine and the cosine of one angle.",
+            "angles = pos / 10000 ** (j / d_model) for pos = 0 .. max_len-1 and the even dimensions "
+            "j = 0, 2, ..., d_model-2; pe[:, 0::2] = sin(angles), pe[:, 1::2] = cos(angles).",
+        ),
+    )
 
 
 # ---------------------------------------------------------------- Extend: RoPE weights from the half-split layout
@@ -153,9 +145,7 @@ def check_sinusoidal_encoding(c: Checker, encoding: Callable[[int, int], Any]) -
 
 def _convert(w: Tensor, n_heads: int, *, bug: str = "") -> Tensor:
     """Half-split rows to interleaved ones: per head, rows (i, i + d_head/2) become rows (2i, 2i + 1); or a wrong
-    conversion of :data:`_ROPE_BUGS`: "the other way" (Hugging Face's `permute` in convert_llama_weights_to_hf.py),
-    "whole matrix" (all d_model rows as one head), "columns" (the input dimensions; a bias has none), "unchanged".
-    """
+    conversion of :data:`_ROPE_BUGS` ("the other way": Hugging Face's `permute` in convert_llama_weights_to_hf.py)."""
     if bug == "unchanged":
         return w
     if bug == "columns":
@@ -223,30 +213,29 @@ def check_rope_permutation(c: Checker, to_interleaved: Callable[[Tensor, int], T
     """Check ``to_interleaved(w, n_heads)``: the weight (d_model, d_in) or bias (d_model,) of a query or key
     projection trained with the half-split RoPE layout (dimension i of a head turns with i + d_head/2), its rows
     reordered so that the interleaved layout (2i with 2i + 1, :class:`~transformer_lib.positional.RotaryEmbedding`)
-    gives the same attention scores.
-
-    Shapes: w (d_model, ...) -> (d_model, ...).
-    """
+    gives the same attention scores. Shapes: w (d_model, ...) -> (d_model, ...)."""
     g = torch.Generator().manual_seed(4)
-    for name, shape, n_heads in (
+    cases = (
         ("weight (8, 8), 1 head of d_head=8", (8, 8), 1),
         ("weight (16, 12), 2 heads of d_head=8", (16, 12), 2),
         ("bias (24,), 3 heads of d_head=8", (24,), 3),
-    ):
-        w = torch.randn(*shape, generator=g)
-        c.case(
-            name,
-            lambda w, n_heads: to_interleaved(w, n_heads),
-            _convert(w, n_heads),
-            bugs=bug_table(_ROPE_BUGS, _convert, w, n_heads),
-            hint=Hint(
-                "per head, the half-split rows are (x_0 .. x_{d/2-1}, y_0 .. y_{d/2-1}) and the interleaved ones "
-                f"must be (x_0, y_0, x_1, y_1, ...); {_ROPE_SECTION}.",
-                _ROPE_FIX,
-            ),
-            inputs={"w": w, "n_heads": n_heads},
-        )
-    # The end-to-end case: a half-split model's scores, and the library's RoPE on the converted projections.
+    )
+    c.cases(
+        to_interleaved,
+        [(name, {"w": torch.randn(*shape, generator=g), "n_heads": n_heads}) for name, shape, n_heads in cases],
+        _convert,
+        _ROPE_BUGS,
+        hint=Hint(
+            "per head, the half-split rows are (x_0 .. x_{d/2-1}, y_0 .. y_{d/2-1}) and the interleaved ones "
+            f"must be (x_0, y_0, x_1, y_1, ...); {_ROPE_SECTION}.",
+            _ROPE_FIX,
+        ),
+    )
+    _rope_scores_case(c, to_interleaved, g)
+
+
+def _rope_scores_case(c: Checker, to_interleaved: Callable[[Tensor, int], Tensor], g: torch.Generator) -> None:
+    """The end-to-end case: a half-split model's scores, and the library's RoPE on the converted projections."""
     d_model, n_heads, T = 24, 4, 7
     d_head = d_model // n_heads
     wq, bq, wk, bk = (torch.randn(*s, generator=g) / 4 for s in ((d_model, d_model), (d_model,)) * 2)
@@ -293,50 +282,37 @@ def check_alibi_share(c: Checker, prediction: tuple[float, float]) -> None:
     its attention that the query at position 63 puts on the 5 most recent keys (positions 59 to 63), in head 0
     (slope 1/2) and in head 7 (slope 1/256)."""
     n_heads, T, last = (ALIBI_SHARE_SETUP[k] for k in ("n_heads", "T", "last"))
-    steep, flat = alibi_recent_share(n_heads, T, last)
     slopes = alibi_slopes(n_heads).tolist()
-    two_numbers = "give two numbers, prediction = (share in head 0, share in head 7)."
-    atol = 0.03
-    for i, (head, expected) in enumerate(((0, steep), (n_heads - 1, flat))):
-        s = slopes[head]
-        r = math.exp(-s)
-        series = f"the last {last} keys hold (1 - r^{last}) / (1 - r^{T}) of the weight, r = e^(-s)"
-        mistakes = (
-            (
-                last / T,
-                Hint(
-                    f"{last}/{T} is a head with no penalty at all. The bias is added to the scores before the "
-                    f"softmax, so it multiplies the weight of a key d positions back by e^(-s d): {_SHARE_SECTION}.",
-                    series + ".",
-                ),
+    series = f"the last {last} keys hold (1 - r^{last}) / (1 - r^{T}) of the weight, r = e^(-s)"
+    for head, expected in zip((0, n_heads - 1), alibi_recent_share(n_heads, T, last), strict=True):
+        r = math.exp(-slopes[head])
+        bugs = {
+            last / T: Hint(
+                f"{last}/{T} is a head with no penalty at all. The bias is added to the scores before the softmax, "
+                f"so it multiplies the weight of a key d positions back by e^(-s d): {_SHARE_SECTION}.",
+                series + ".",
             ),
-            (
-                1 - r**last,
-                Hint(
-                    f"that share assumes endlessly many keys; there are {T}, which matters when the slope is small.",
-                    f"divide 1 - e^(-{last} s) by the sum over the {T} keys, 1 - e^(-{T} s): {series}.",
-                ),
+            1 - r**last: Hint(
+                f"that share assumes endlessly many keys; there are {T}, which matters when the slope is small.",
+                f"divide 1 - e^(-{last} s) by the sum over the {T} keys, 1 - e^(-{T} s): {series}.",
             ),
-            (
-                1 - r,
-                Hint(
-                    f"that is the share of the newest key alone; the question asks for the {last} newest.",
-                    f"the {last} newest keys of an endless sequence hold 1 - e^(-{last} s); with {T} keys, {series}.",
-                ),
+            1 - r: Hint(
+                f"that is the share of the newest key alone; the question asks for the {last} newest.",
+                f"the {last} newest keys of an endless sequence hold 1 - e^(-{last} s); with {T} keys, {series}.",
             ),
-        )
+        }
         c.case(
-            f"head {head}, slope 1/{round(1 / s)}: share on the last {last} of {T} keys",
-            lambda i=i: prediction[i],
+            f"head {head}, slope 1/{round(1 / slopes[head])}: share on the last {last} of {T} keys",
+            lambda i=int(head > 0): prediction[i],
             expected,
-            bugs=tuple(Bug(lambda value=value: value, why) for value, why in mistakes),
+            bugs=bugs,
             hint=Hint(
                 f"the weight of the key d = 0 .. {T - 1} positions back is proportional to e^(-s d): the weights "
                 f"form a geometric series; {_SHARE_SECTION}.",
                 series + ".",
             ),
-            error_hint=two_numbers,
-            atol=atol,
+            error_hint="give two numbers, prediction = (share in head 0, share in head 7).",
+            atol=0.03,
         )
 
 
@@ -402,17 +378,6 @@ _ALIBI_BUGS = {  # bug -> hint, for _alibi(..., bug=bug)
 }
 
 
-def _alibi_by_hand(n_heads: int, T_q: int, T_k: int) -> Tensor:
-    """ALiBi's bias with torch alone: for n' the largest power of two <= n_heads, the slopes 2^(-8 h / n'),
-    h = 1 .. n', then 2^(-4 m / n'), m = 1, 3, 5, ..."""
-    n = 2 ** math.floor(math.log2(n_heads))
-    slopes = torch.cat(
-        [2.0 ** (-8 * torch.arange(1, n + 1) / n), 2.0 ** (-4 * (2 * torch.arange(n_heads - n) + 1) / n)]
-    )
-    distance = torch.arange(T_k - T_q, T_k)[:, None] - torch.arange(T_k)  # (T_q, T_k)
-    return -slopes[:, None, None] * distance
-
-
 _ALIBI_CASES = (  # (name, n_heads, T_q, T_k)
     ("8 heads, T_q = T_k = 5 (the chapter's table)", 8, 5, 5),
     ("6 heads: not a power of two", 6, 4, 4),
@@ -427,15 +392,12 @@ _ALIBI_HINT = Hint(
 )
 
 
-@checker(reference=_alibi_by_hand)
+@checker(reference=_alibi)
 def check_alibi(c: Checker, alibi: Callable[[int, int, int], Tensor]) -> None:
     """Check ``alibi(n_heads, T_q, T_k) -> bias``: ALiBi's bias -s_h (i - j) for the T_q newest queries of a
     sequence of T_k positions (query t at position i = T_k - T_q + t, key j = 0 .. T_k - 1), with the slopes s_h of
     Press et al. for any number of heads, built with torch alone; the entries j > i are left as they are (the
-    causal mask hides them).
-
-    Shapes: returns (n_heads, T_q, T_k).
-    """
+    causal mask hides them). Shapes: returns (n_heads, T_q, T_k)."""
     with c.refuse_library_calls(
         alibi_bias,
         alibi_slopes,
@@ -444,11 +406,11 @@ def check_alibi(c: Checker, alibi: Callable[[int, int, int], Tensor]) -> None:
         hint="the exercise asks you to build the bias yourself: the library's functions are what the checker "
         "compares your bias with.",
     ):
-        for name, n_heads, T_q, T_k in _ALIBI_CASES:
-            c.case(
-                name,
-                lambda h=n_heads, q=T_q, k=T_k: alibi(h, q, k),
-                alibi_bias(alibi_slopes(n_heads), T_q, T_k, offset=T_k - T_q),
-                bugs=bug_table(_ALIBI_BUGS, _alibi, n_heads, T_q, T_k),
-                hint=_ALIBI_HINT,
-            )
+        c.cases(
+            alibi,
+            [(name, {"n_heads": n, "T_q": T_q, "T_k": T_k}) for name, n, T_q, T_k in _ALIBI_CASES],
+            lambda n_heads, T_q, T_k: alibi_bias(alibi_slopes(n_heads), T_q, T_k, offset=T_k - T_q),
+            _ALIBI_BUGS,
+            _alibi,
+            hint=_ALIBI_HINT,
+        )
