@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from ...attention import MultiHeadAttention
 from ...layers import FeedForward
 from ...norms import LayerNorm
-from ._framework import Bug, Checker, Hint, bug_table, checker
+from ._framework import Checker, Hint, bug_table, checker
 
 ANSWER_MARKERS: dict[str, tuple[str, ...]] = {  # exercise label -> what gives its answer away
     "ex-fix-layer-norm": ("torch.ones(features)", "torch.zeros(features)", "one number each"),
@@ -43,7 +43,6 @@ class LayerNormalization(nn.Module):  # find and fix the bugs
         std = x.std(dim=-1, keepdim=True)  # (batch, seq_len, 1)
         return self.alpha * (x - mean) / (std + self.eps) + self.bias
 """
-"""The exercise's starter cell: answered with this class unchanged, the check says "not answered yet"."""
 
 _LN_SECTION = "reread 'LayerNorm and RMSNorm by hand' and the warning after it"
 _SCALAR_HINT = Hint(
@@ -101,9 +100,22 @@ def _layer_norm_output(make: Callable[..., Any], x: Tensor, weight: Tensor | Non
     return module(x)
 
 
-def _parameter_shapes(make: Callable[..., Any], features: int) -> str:
-    module = _build(make, features, eps=1e-5)
-    return f"alpha {tuple(module.alpha.shape)}, bias {tuple(module.bias.shape)}"
+def _parameter_shapes_case(c: Checker, make: Callable[..., Any], d: int) -> None:
+    """The case that ``make(d)``'s alpha and bias hold one number per feature."""
+
+    def shapes(features: int) -> str:
+        module = _build(make, features, eps=1e-5)
+        return f"alpha {tuple(module.alpha.shape)}, bias {tuple(module.bias.shape)}"
+
+    c.case(
+        f"d={d}: alpha and bias, one gain and one shift per feature",
+        shapes,
+        f"alpha ({d},), bias ({d},)",
+        bugs={"alpha (1,), bias (1,)": _SCALAR_HINT},
+        hint=_SCALAR_HINT,
+        error_hint=_layer_norm_error_hint,
+        inputs={"features": d},
+    )
 
 
 def _layer_norm_error_hint(e: Exception) -> Hint | str:
@@ -130,11 +142,9 @@ def _library_layer_norm(features: int, eps: float) -> LayerNorm:
 @checker(starter=LAYER_NORM_STARTER, reference=_library_layer_norm)
 def check_layer_norm_module(c: Checker, layer_norm_class: Callable[..., nn.Module]) -> None:
     """Check ``layer_norm_class``, a LayerNorm module class: ``layer_norm_class(features, eps=...)`` must equal
-    ``nn.LayerNorm(features, eps=eps)``, with its gain and shift named ``alpha`` and ``bias``.
-
-    The cases build it with ``eps=1e-5``: at initialization on random and on nearly constant features, then with a
-    learned gain and shift loaded into ``alpha`` and ``bias``. Shapes: x (..., features) -> (..., features).
-    """
+    ``nn.LayerNorm(features, eps=eps)``, with its gain and shift named ``alpha`` and ``bias``. The cases build it
+    with ``eps=1e-5``: at initialization on random and on nearly constant features, then with a learned gain and
+    shift loaded into ``alpha`` and ``bias``. Shapes: x (..., features) -> (..., features)."""
     torch.manual_seed(3)  # @checker restores the reader's random state afterwards
     eps = 1e-5
     cases = (  # (name, x, with a learned gain and shift)
@@ -146,15 +156,7 @@ def check_layer_norm_module(c: Checker, layer_norm_class: Callable[..., nn.Modul
         d = x.shape[-1]
         w, b = (torch.randn(d), torch.randn(d)) if loaded else (torch.ones(d), torch.zeros(d))
         if loaded:
-            c.case(
-                f"d={d}: alpha and bias, one gain and one shift per feature",
-                lambda features: _parameter_shapes(layer_norm_class, features),
-                f"alpha ({d},), bias ({d},)",
-                bugs=(Bug(lambda: "alpha (1,), bias (1,)", _SCALAR_HINT),),
-                hint=_SCALAR_HINT,
-                error_hint=_layer_norm_error_hint,
-                inputs={"features": d},
-            )
+            _parameter_shapes_case(c, layer_norm_class, d)
         c.case(
             name,
             lambda x, weight, bias, loaded=loaded: _layer_norm_output(
@@ -178,7 +180,6 @@ def pre_ln_block(x, attention, ff, norm1, norm2, dropout):  # find and fix the b
     x = dropout(x + attention(norm1(x)))  # residual dropout
     return dropout(x + ff(norm2(x)))
 """
-"""The exercise's starter cell: answered with this code unchanged, the check says "not answered yet"."""
 
 
 class _CausalSelfAttention(nn.Module):
@@ -210,8 +211,8 @@ class _FixedDropout(nn.Module):
 
 def _pre_ln(x: Tensor, attention: nn.Module, ff: nn.Module, norm1: nn.Module, norm2: nn.Module, dropout: nn.Module,
             *, bug: str = "") -> Tensor:  # fmt: skip
-    """Two Pre-LN blocks with residual dropout, x + dropout(attention(norm1(x))) then x + dropout(ff(norm2(x))), or
-    one of their wrong versions (:data:`_PRE_LN_BUGS`). Shapes: x (B, T, d_model) -> (B, T, d_model)."""
+    """Two Pre-LN blocks with residual dropout, or a wrong version of :data:`_PRE_LN_BUGS`. Shapes: x (B, T, d_model)
+    -> (B, T, d_model)."""
     if bug == "Post-LN":
         h = norm1(x + dropout(attention(x)))
         return norm2(h + dropout(ff(h)))
@@ -271,43 +272,42 @@ _PRE_LN_BUGS = {  # bug -> hint, for _pre_ln(..., bug=bug)
 )
 def check_pre_ln_block(c: Checker, pre_ln_block: Callable[..., Tensor]) -> None:
     """Check ``pre_ln_block(x, attention, ff, norm1, norm2, dropout)``: two Pre-LN residual blocks with residual
-    dropout, ``x = x + dropout(attention(norm1(x)))`` then ``x + dropout(ff(norm2(x)))``.
-
-    ``attention`` (causal self-attention), ``ff`` (a feed-forward network), ``norm1`` and ``norm2`` (LayerNorms) and
-    ``dropout`` are modules mapping (B, T, d_model) to the same shape; the cases pass an ``nn.Dropout`` in evaluation
-    mode, then dropouts that drop the same entries at every call. Shapes: x (B, T, d_model) -> (B, T, d_model).
-    """
+    dropout, ``x = x + dropout(attention(norm1(x)))`` then ``x + dropout(ff(norm2(x)))``. The modules (causal
+    self-attention, a feed-forward network, LayerNorms) map (B, T, d_model) to the same shape; the cases pass an
+    ``nn.Dropout`` in evaluation mode, then dropouts that drop the same entries at every call."""
     torch.manual_seed(7)  # @checker restores the reader's random state afterwards
     g = torch.Generator().manual_seed(7)
-    for name, (B, T, d), p in (
+    cases = (
         ("dropout off (nn.Dropout in evaluation mode), one sequence, d_model=8", (1, 4, 8), 0.0),
         ("dropout p=0.25 in training, one sequence, d_model=8", (1, 4, 8), 0.25),
         ("dropout p=0.1 in training, a batch of 3, d_model=16", (3, 5, 16), 0.1),
-    ):
-        attention, ff = _CausalSelfAttention(d, 2), FeedForward(d, 4 * d, activation="gelu")
-        norm1, norm2 = LayerNorm(d), LayerNorm(d)
-        with torch.no_grad():
-            for norm in (norm1, norm2):
-                norm.weight.normal_(1.0, 0.3)
-                norm.bias.normal_(0.0, 0.3)
-        dropout = _FixedDropout((B, T, d), p, g) if p else nn.Dropout(0.1).eval()
-        x = torch.randn(B, T, d) * 4 + 1  # far from normalized, so a normalized or dropped skip path shows
-        modules = (attention, ff, norm1, norm2, dropout)
-        with torch.no_grad():
-            expected = _pre_ln(x, *modules)
-        c.case(
-            name,
-            lambda x, attention, ff, norm1, norm2, dropout: pre_ln_block(x, attention, ff, norm1, norm2, dropout),
-            expected,
-            bugs=bug_table(_PRE_LN_BUGS, _pre_ln, x, *modules),
-            hint=Hint(
-                "each block adds its sublayer's output, dropped in training, to the stream it was given, which "
-                f"passes through untouched; {_PRE_LN_SECTION}.",
-                _PRE_LN_FIX + ".",
-            ),
-            atol=1e-4,
-            inputs={"x": x, "attention": attention, "ff": ff, "norm1": norm1, "norm2": norm2, "dropout": dropout},
-        )
+    )
+    c.cases(
+        pre_ln_block,
+        [(name, _pre_ln_inputs(shape, p, g)) for name, shape, p in cases],
+        _pre_ln,
+        _PRE_LN_BUGS,
+        hint=Hint(
+            "each block adds its sublayer's output, dropped in training, to the stream it was given, which "
+            f"passes through untouched; {_PRE_LN_SECTION}.",
+            _PRE_LN_FIX + ".",
+        ),
+        atol=1e-4,
+    )
+
+
+def _pre_ln_inputs(shape: tuple[int, int, int], p: float, g: torch.Generator) -> dict[str, Any]:
+    """x (B, T, d_model) far from normalized, so that a normalized or dropped skip path shows, and the modules."""
+    B, T, d = shape
+    attention, ff = _CausalSelfAttention(d, 2), FeedForward(d, 4 * d, activation="gelu")
+    norm1, norm2 = LayerNorm(d), LayerNorm(d)
+    with torch.no_grad():
+        for norm in (norm1, norm2):
+            norm.weight.normal_(1.0, 0.3)
+            norm.bias.normal_(0.0, 0.3)
+    dropout = _FixedDropout((B, T, d), p, g) if p else nn.Dropout(0.1).eval()
+    x = torch.randn(B, T, d) * 4 + 1
+    return {"x": x, "attention": attention, "ff": ff, "norm1": norm1, "norm2": norm2, "dropout": dropout}
 
 
 # ---------------------------------------------------------------- Predict, then run: the residual stream's growth
@@ -342,26 +342,21 @@ def check_stream_growth(c: Checker, prediction: float) -> None:
     d, L = STREAM_SETUP["d_model"], STREAM_SETUP["n_blocks"]
     norms = stream_norm(**STREAM_SETUP)
     start, expected = norms[0], norms[-1]
+    bugs = {
+        start: "that is the size of the input. Nothing in a Pre-LN stack rescales the residual stream: the norm "
+        "sits on the branch, and every block adds its output to the stream.",
+        start + L * d**0.5: Hint(
+            f"you added the norms: {L} vectors of norm sqrt({d}) in a row would give that only if they all pointed "
+            "the same way. Each one points in a direction independent of the stream, so it is the SQUARES of the "
+            "norms that add up (Pythagoras).",
+            f"||x_L||² ≈ ||x_0||² + L · {d}.",
+        ),
+    }
     c.case(
         f"mean ||x|| after {L} blocks, d_model={d}, ||x_0|| about {start:.1f}",
         lambda: prediction,
         expected,
-        bugs=(
-            Bug(
-                lambda: start,
-                "that is the size of the input. Nothing in a Pre-LN stack rescales the residual stream: the norm "
-                "sits on the branch, and every block adds its output to the stream.",
-            ),
-            Bug(
-                lambda: start + L * d**0.5,
-                Hint(
-                    f"you added the norms: {L} vectors of norm sqrt({d}) in a row would give that only if they all "
-                    "pointed the same way. Each one points in a direction independent of the stream, so it is the "
-                    "SQUARES of the norms that add up (Pythagoras).",
-                    f"||x_L||² ≈ ||x_0||² + L · {d}.",
-                ),
-            ),
-        ),
+        bugs=bugs,
         hint=Hint(
             f"each block adds LN(x) Q_l. What is the norm of a vector of {d} features with mean 0 and variance 1, "
             "and how does the norm of a sum grow when the added vector points in a direction independent of x? "
@@ -377,8 +372,8 @@ def check_stream_growth(c: Checker, prediction: float) -> None:
 
 
 def _running_stats(x: Tensor, mean0: Tensor, var0: Tensor, momentum: float, *, bug: str = "") -> tuple[Tensor, Tensor]:
-    """BatchNorm's running statistics after one training step on ``x``, or with a bug of :data:`_RUNNING_STATS_BUGS`.
-    Shapes: x (B, T, d_model), mean0 and var0 (d_model,) -> (d_model,), (d_model,)."""
+    """BatchNorm's running statistics after one training step on ``x`` (B, T, d_model), or with a bug of
+    :data:`_RUNNING_STATS_BUGS`."""
     mean, var = x.mean(dim=(0, 1)), x.var(dim=(0, 1), unbiased=bug != "biased")
     if bug == "batch stats":
         return mean, var
@@ -436,28 +431,26 @@ def _batch_norm_stats(x: Tensor, mean0: Tensor, var0: Tensor, momentum: float) -
 def check_running_stats(c: Checker, update_running_stats: Callable[..., tuple[Tensor, Tensor]]) -> None:
     """Check ``update_running_stats(x, running_mean, running_var, momentum) -> (new_mean, new_var)``: the running
     statistics after one training step of ``nn.BatchNorm1d`` on a batch of sequences.
-
-    Shapes: x (B, T, d_model), running_mean and running_var (d_model,) -> (d_model,), (d_model,).
-    """
+    Shapes: x (B, T, d_model), running_mean and running_var (d_model,) -> (d_model,), (d_model,)."""
     g = torch.Generator().manual_seed(11)
+    cases = []
     for name, shape, earlier, momentum in _RUNNING_STATS_CASES:
         d = shape[-1]
         x = torch.randn(*shape, generator=g) * 2 + 1
-        if earlier:
-            mean0, var0 = torch.randn(d, generator=g), torch.rand(d, generator=g) + 0.5
-        else:
-            mean0, var0 = torch.zeros(d), torch.ones(d)
-        c.case(
-            name,
-            lambda x, running_mean, running_var, momentum: update_running_stats(x, running_mean, running_var, momentum),
-            _batch_norm_stats(x, mean0, var0, momentum),
-            bugs=bug_table(_RUNNING_STATS_BUGS, _running_stats, x, mean0, var0, momentum),
-            hint=Hint(
-                "one statistic per feature, over B and T, moved towards the batch's own by a share that momentum "
-                "sets; find out on an nn.BatchNorm1d which variance it keeps.",
-                "new_mean = (1 - momentum) * running_mean + momentum * x.mean(dim=(0, 1)), and the same for the "
-                "variance with the unbiased x.var(dim=(0, 1)).",
-            ),
-            error_hint=lambda e: _PER_FEATURE_HINT if "size" in str(e) or "shape" in str(e) else "",
-            inputs={"x": x, "running_mean": mean0, "running_var": var0, "momentum": momentum},
-        )
+        fresh = torch.zeros(d), torch.ones(d)
+        mean0, var0 = (torch.randn(d, generator=g), torch.rand(d, generator=g) + 0.5) if earlier else fresh
+        cases.append((name, {"x": x, "running_mean": mean0, "running_var": var0, "momentum": momentum}))
+    c.cases(
+        update_running_stats,
+        cases,
+        _batch_norm_stats,
+        _RUNNING_STATS_BUGS,
+        _running_stats,
+        hint=Hint(
+            "one statistic per feature, over B and T, moved towards the batch's own by a share that momentum "
+            "sets; find out on an nn.BatchNorm1d which variance it keeps.",
+            "new_mean = (1 - momentum) * running_mean + momentum * x.mean(dim=(0, 1)), and the same for the "
+            "variance with the unbiased x.var(dim=(0, 1)).",
+        ),
+        error_hint=lambda e: _PER_FEATURE_HINT if "size" in str(e) or "shape" in str(e) else "",
+    )
