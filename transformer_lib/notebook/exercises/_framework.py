@@ -33,10 +33,8 @@ import torch
 from torch import Tensor, nn
 
 CASE_TIMEOUT_SECONDS: float = 10.0
-"""How long one case waits for the answer to return, in seconds; an answer that takes longer fails the case.
-
-Set it before calling a checker (``_framework.CASE_TIMEOUT_SECONDS = 30.0``) on a slow machine; a
-:class:`Checker` built with ``timeout_seconds=`` uses its own limit instead."""
+"""How long one case waits for the answer, in seconds (longer fails the case). Raise it on a slow machine
+(``_framework.CASE_TIMEOUT_SECONDS = 30.0``); a ``Checker(..., timeout_seconds=)`` has its own limit."""
 
 RESULTS_ENV = "TRANSFORMER_BOOK_RESULTS"
 """Environment variable: the path of a JSON-lines file to which every checker call appends its record
@@ -107,13 +105,8 @@ class Bug:
 
 
 def bug_table(table: dict[str, str | Hint], wrong: Callable[..., Any], /, *args: Any) -> tuple[Bug, ...]:
-    """The :class:`Bug` of each entry ``bug: hint`` of a checker's table of classic mistakes (a hint is a
-    ``str`` or a :class:`Hint`).
-
-    ``wrong`` is the checker's reference with a switch for each mistake: the entry's wrong answer is
-    ``wrong(*args, bug=bug)``, computed only if the answer fails the case. An entry whose wrong answer is
-    right on the case never matches.
-    """
+    """The :class:`Bug` of each entry ``bug: hint`` of a checker's table of classic mistakes: its wrong answer is
+    ``wrong(*args, bug=bug)``, computed only if the answer fails the case (one right on the case never matches)."""
     return tuple(Bug(functools.partial(wrong, *args, bug=bug), hint) for bug, hint in table.items())
 
 
@@ -216,21 +209,22 @@ def _tensor_difference(got: Tensor, expected: Tensor, atol: float) -> str | None
     return problem
 
 
-def _nan_to_zero(x: Any) -> Any:
+def _map_tensors(f: Callable[[Tensor], Tensor], x: Any) -> Any:
+    """``x`` with ``f`` applied to every tensor, also inside tuples."""
     if isinstance(x, tuple):
-        return tuple(_nan_to_zero(t) for t in x)
-    if isinstance(x, Tensor) and x.is_floating_point():
-        return x.nan_to_num(0.0, posinf=float("inf"), neginf=float("-inf"))
-    return x
+        return tuple(_map_tensors(f, t) for t in x)
+    return f(x) if isinstance(x, Tensor) else x
+
+
+def _nan_to_zero(x: Any) -> Any:
+    """``x`` with NaN read as 0 in every floating tensor, also inside tuples."""
+    inf = float("inf")
+    return _map_tensors(lambda t: t.nan_to_num(0.0, posinf=inf, neginf=-inf) if t.is_floating_point() else t, x)
 
 
 def _independent_copy(x: Any) -> Any:
     """``x`` with every tensor (also inside tuples) cloned and detached: nothing else can change it."""
-    if isinstance(x, tuple):
-        return tuple(_independent_copy(t) for t in x)
-    if isinstance(x, Tensor):
-        return x.detach().clone()
-    return x
+    return _map_tensors(lambda t: t.detach().clone(), x)
 
 
 def _tensor_change(before: Tensor, after: Tensor) -> str | None:
