@@ -154,10 +154,8 @@ class Seq2SeqTransformer(nn.Module):
     def decode(
         self, tgt: Tensor, memory: Tensor, src: Tensor, caches: list[tuple[KVCache, KVCache]] | None = None
     ) -> Tensor:
-        """Decoder plus output head. ``src`` gives the padding mask for cross-attention.
-
-        ``caches`` (one (self, cross) pair per layer, from :meth:`new_caches`) lets the
-        caller feed only the new target tokens at each step.
+        """Decoder plus output head; ``src`` gives the padding mask for cross-attention. With ``caches`` (from
+        :meth:`new_caches`) ``tgt`` is only the new target tokens.
 
         Shapes: tgt (B, T), memory (B, S, d_model), src (B, S) -> logits (B, T, tgt_vocab_size)
         """
@@ -174,17 +172,12 @@ class Seq2SeqTransformer(nn.Module):
         offset = 0 if caches is None else len(caches[0][0])
         tgt = _validate_token_ids("tgt", tgt, self.config.tgt_vocab_size, self.config.max_len - offset)
         x = self._embed(self.tgt_embed, tgt, offset=offset)
-        per_layer = (
-            None if caches is None else {"self_cache": [c[0] for c in caches], "cross_cache": [c[1] for c in caches]}
-        )
+        per_layer = None
+        if caches is not None:  # one (self, cross) pair per layer
+            per_layer = {"self_cache": [c[0] for c in caches], "cross_cache": [c[1] for c in caches]}
+        memory_mask = self.src_mask(src)
         x, weights = run_layers(
-            self.decoder_layers,
-            x,
-            need_weights,
-            per_layer,
-            memory=memory,
-            memory_mask=self.src_mask(src),
-            tgt_is_causal=True,
+            self.decoder_layers, x, need_weights, per_layer, memory=memory, memory_mask=memory_mask, tgt_is_causal=True
         )
         return output_in_fp32(self.head, self.decoder_norm(x)), weights
 
@@ -213,18 +206,13 @@ class Seq2SeqTransformer(nn.Module):
 
 @dataclass(frozen=True)
 class GPTConfig:
-    """Hyper-parameters of :class:`GPT`, checked when made and immutable after.
-
-    For a variant use ``dataclasses.replace(config, ...)``; it keeps the derived ``d_ff``,
-    ``n_kv_heads`` and ``norm_eps`` unless you pass them as None to derive them again.
+    """Hyper-parameters of :class:`GPT`, checked when made and immutable after (``dataclasses.replace`` keeps
+    the derived ``d_ff``, ``n_kv_heads`` and ``norm_eps`` unless passed as None).
 
     ``positional``: "learned" | "sinusoidal" | "rope" | "alibi" | "none"; ``norm``: "layernorm" | "rmsnorm";
-    ``activation``: "gelu" | "gelu_tanh" | "relu" | "swiglu". ``d_ff`` defaults to ``4 d_model``
-    (``8/3 d_model`` for SwiGLU, which keeps the parameter count about the same). ``n_kv_heads``
-    below ``n_heads`` gives grouped-query attention (1: multi-query). ``norm_eps`` defaults to
-    1e-5 for LayerNorm and 1e-6 for RMSNorm; ``rope_base`` is RoPE's theta. Hugging Face calls
-    these ``num_key_value_heads``, ``layer_norm_epsilon``/``rms_norm_eps``, ``rope_theta`` and
-    ``tie_word_embeddings``.
+    ``activation``: "gelu" | "gelu_tanh" | "relu" | "swiglu". ``d_ff`` defaults to ``4 d_model`` (``8/3 d_model``
+    for SwiGLU); ``n_kv_heads < n_heads`` is grouped-query attention; ``norm_eps`` defaults to 1e-5
+    (LayerNorm) or 1e-6 (RMSNorm); ``rope_base`` is RoPE's theta.
 
     Defined in chapter 7, Decoder-only.
     """
@@ -290,13 +278,11 @@ def _gpt_block(c: GPTConfig) -> DecoderOnlyLayer:
 class GPT(nn.Module):
     """A decoder-only Transformer language model (GPT-2 style, Pre-LN by default).
 
-    Token embedding (+ absolute positions, unless RoPE or ALiBi), ``n_layers`` causal blocks,
-    a final norm and an output head (tied to the token embedding unless ``tie_weights=False``).
-    ``forward(idx, targets)`` checks its inputs and returns ``(logits, loss)``; ``logits(idx)`` is
-    the same pass without the checks; ``generate`` samples with an optional key/value cache.
-    All three take an ``attention_mask`` (B, T) for left-padded batches. Setting
-    ``model.activation_checkpointing = True`` makes each block keep only its input in training
-    and recompute the rest in the backward pass (same results, less memory, one more forward).
+    Token embedding (+ absolute positions), ``n_layers`` causal blocks, a final norm and an output head
+    (tied to the token embedding unless ``tie_weights=False``). ``forward(idx, targets)`` checks its inputs
+    and returns ``(logits, loss)``; ``logits(idx)`` is the same pass unchecked; ``generate`` samples. All
+    three take an ``attention_mask`` (B, T) for left-padded batches. ``model.activation_checkpointing = True``
+    recomputes each block in the backward pass instead of keeping its activations.
 
     Shapes: idx (B, T) with T <= block_size -> logits (B, T, vocab_size), loss scalar or None.
 
@@ -317,11 +303,9 @@ class GPT(nn.Module):
         self.activation_checkpointing = False
         blocks = [_gpt_block(c) for _ in range(c.n_layers)]
         self.blocks = nn.ModuleList(blocks)
-        self.norm_f = (
-            make_norm(c.norm, c.d_model, c.norm_eps, bias=c.bias, fused=c.fused_norms)
-            if c.norm_first
-            else nn.Identity()
-        )
+        self.norm_f: nn.Module = nn.Identity()
+        if c.norm_first:  # Pre-LN blocks end un-normalized
+            self.norm_f = make_norm(c.norm, c.d_model, c.norm_eps, bias=c.bias, fused=c.fused_norms)
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         self.apply(self._init_weights)
         for block in blocks:  # GPT-2: scale the projections that write into the residual stream
@@ -353,10 +337,8 @@ class GPT(nn.Module):
         attention_mask: Tensor | None = None,
         need_weights: bool = False,
     ) -> tuple[Tensor, list[Tensor]]:
-        """Embed, run the blocks, apply the final norm. Inputs are already validated.
-
-        ``attention_mask`` (B, T_past + T), True for tokens, False for (left) padding: padding is
-        never attended to, and each token's position counts only the real tokens before it.
+        """Embed, run the blocks, apply the final norm; unchecked. ``attention_mask`` (B, T_past + T), False for
+        left padding: padding is never attended to, and positions count only the real tokens.
 
         Shapes: idx (B, T) -> h (B, T, d_model), n_layers x weights (B, n_heads, T, T_past + T).
         """
@@ -382,13 +364,9 @@ class GPT(nn.Module):
         attention_mask: Tensor | None = None,
         last_only: bool = False,
     ) -> Tensor:
-        """The logits for every position of ``idx`` (``last_only``: the last one's alone), with no
-        checks: the fast path for callers that validated their ids once (generation, speculative
-        decoding, the ONNX export; :meth:`forward` checks, then calls this).
-
-        The caller promises what :meth:`forward` checks: ``idx`` holds torch.long ids in
-        ``[0, vocab_size)``, ``len(caches[0]) + T <= block_size``, and ``attention_mask`` (B, T_past + T)
-        is boolean, True for tokens and False for left padding.
+        """The logits for every position of ``idx`` (``last_only``: the last one's alone), unchecked. The caller
+        promises what :meth:`forward` checks: torch.long ids in ``[0, vocab_size)``, ``len(caches[0]) + T <=
+        block_size``, and a boolean ``attention_mask`` (B, T_past + T), False for left padding.
 
         Shapes: idx (B, T) -> logits (B, T, vocab_size), or (B, 1, vocab_size) with ``last_only``;
             fp32 under autocast.
@@ -404,14 +382,10 @@ class GPT(nn.Module):
         attention_mask: Tensor | None = None,
         return_logits: bool = True,
     ) -> tuple[Tensor | None, Tensor | None]:
-        """Logits for every position and, given ``targets`` (B, T), the mean cross-entropy.
+        """Logits for every position and, given ``targets`` (B, T; -100 ignored), the mean cross-entropy.
 
-        Targets equal to -100 are ignored. ``caches`` (from :meth:`new_caches`) hold the
-        keys and values of earlier positions, so ``idx`` can be just the new tokens.
-        ``attention_mask`` (B, T_past + T): 1 for tokens, 0 for left padding.
-
-        ``return_logits=False`` (with ``targets``) returns ``(None, loss)``, so that under
-        ``torch.compile`` the logits stay inside the compiled graph (the Trainer's default loss).
+        With ``caches`` (from :meth:`new_caches`) ``idx`` is only the new tokens. ``attention_mask``
+        (B, T_past + T): 1 for tokens, 0 for left padding. ``return_logits=False`` returns ``(None, loss)``.
         """
         if not return_logits and targets is None:
             raise ValueError("return_logits=False returns the loss alone: it needs targets, got targets=None")
@@ -454,13 +428,9 @@ class GPT(nn.Module):
     ) -> Tensor:
         """Append ``max_new_tokens`` sampled tokens to ``idx`` (``temperature=0``: greedy), in eval mode.
 
-        Without a cache every step re-runs the model on the last ``block_size`` tokens;
-        with it, each step feeds only the newest token. Both give the same tokens and
-        logits. Once the context is full the window slides, and the cache is refilled
-        from the last ``block_size`` tokens, exactly as the uncached model sees them.
-        ``attention_mask`` (B, T0) marks left padding (0) in a batch of prompts of different
-        lengths: each row then generates what its prompt alone would. Each row must be 0...0 1...1
-        with at least one 1 (a ValueError names the row that is not).
+        With or without the cache, the same tokens; past ``block_size`` the window slides (the cache is
+        refilled from the last ``block_size`` tokens). ``attention_mask`` (B, T0) marks left padding (0) in a
+        batch of prompts: each row generates what its prompt alone would; each row must be 0...0 1...1.
 
         Shapes: idx (B, T0) -> (B, T0 + max_new_tokens).
         """
@@ -532,11 +502,8 @@ class EncoderOnlyConfig:
 
 
 class EncoderOnlyTransformer(nn.Module):
-    """A BERT-style encoder: word + position + segment embeddings, a norm, then Post-LN layers.
-
-    Built from an :class:`EncoderOnlyConfig`. A new model is initialised as BERT is (every linear and
-    embedding weight from N(0, 0.02), biases zero, norms one), so that word and position embeddings
-    start on the same scale; pretrained weights replace all of it.
+    """A BERT-style encoder built from an :class:`EncoderOnlyConfig`: word + position + segment embeddings, a
+    norm, then Post-LN layers, initialised as BERT is (weights N(0, 0.02), biases zero, norms one).
     :func:`transformer_lib.pretrained.load_minilm` fills it with all-MiniLM-L6-v2.
 
     Shapes: input_ids (B, T) -> hidden states (B, T, d_model).
