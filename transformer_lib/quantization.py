@@ -1,20 +1,16 @@
 """int8 weights: symmetric per-channel quantization written by hand, and PyTorch's dynamic int8.
 
-Weight-only int8 stores each row ``w`` of a weight matrix (one output channel) as 8-bit integers
-``q = round(w / s)`` in ``[-127, 127]`` with one float scale ``s = max|w| / 127`` per row, and
-computes with ``q * s``: a quarter of the bytes, each entry off by at most ``s / 2``.
-:func:`quantize_weights` swaps a model's ``nn.Linear`` layers for :class:`Int8Linear`, which
-dequantizes on the fly (smaller, not faster: the multiply still runs in floating point).
-:func:`dynamic_int8` hands the same layers to PyTorch's dynamic quantization, whose int8 kernels
-also quantize the activations, row batch by row batch, and multiply in integers.
-
-Tied weights: a Linear whose weight is shared with another module (a GPT's output head tied to the
-token embedding) is left as it is, still tied. Quantizing it would add an int8 copy next to the fp32
-embedding, which still needs its floating-point table for the lookup: the state would grow, not shrink.
+Weight-only int8 stores each row ``w`` of a weight (one output channel) as ``q = round(w / s)`` in
+``[-127, 127]`` with one float scale ``s = max|w| / 127`` per row: a quarter of the bytes, each entry
+off by at most ``s / 2``. :func:`quantize_weights` swaps a model's ``nn.Linear`` layers for
+:class:`Int8Linear` (smaller, not faster); :func:`dynamic_int8` hands them to PyTorch's dynamic
+quantization, which also quantizes the activations and multiplies in integers. A Linear whose weight
+is tied to another module (a GPT's output head) stays as it is: an int8 copy would add bytes.
 """
 
 from __future__ import annotations
 
+import collections
 import copy
 import warnings
 from collections.abc import Iterable
@@ -32,9 +28,8 @@ QMAX = 127
 def quantize_per_channel(weight: Tensor) -> tuple[Tensor, Tensor]:
     """Symmetric int8 quantization with one scale per output channel (row).
 
-    ``scale = max|w_row| / 127`` and ``q = round(w / scale)``, so ``|w - q * scale| <= scale / 2``
-    entry by entry. An all-zero row gets scale 0 and q 0 (no division by zero); it dequantizes to
-    exact zeros. The scales are float32 whatever the weight's floating dtype.
+    ``scale = max|w_row| / 127`` and ``q = round(w / scale)``, so ``|w - q * scale| <= scale / 2``. An
+    all-zero row gets scale 0 and q 0. The scales are float32 whatever the weight's dtype.
 
     Shapes: weight (out_features, in_features) -> q (out_features, in_features) int8, scale (out_features,).
 
@@ -71,10 +66,8 @@ def dequantize(q: Tensor, scale: Tensor) -> Tensor:
 class Int8Linear(nn.Module):
     """A linear layer whose weight is stored as int8 with one float32 scale per output channel.
 
-    ``forward(x) = F.linear(x, dequantize(weight_int8, weight_scale), bias)``, the weight cast to x's dtype.
-    The int8 weight, the scales and the bias are buffers: the layer is for inference, it has no parameters.
-    ``weight`` gives the dequantized weight, so code that reads ``layer.weight`` (a fused q/k/v projection)
-    keeps working.
+    ``forward(x) = F.linear(x, dequantize(weight_int8, weight_scale), bias)``, in x's dtype. The int8 weight,
+    the scales and the bias are buffers (for inference: no parameters); ``weight`` is the dequantized weight.
 
     Shapes: x (..., in_features) -> (..., out_features).
 
@@ -121,9 +114,8 @@ class Int8Linear(nn.Module):
 def quantize_weights(model: nn.Module, skip: str | Iterable[str] = ()) -> nn.Module:
     """A deep copy of ``model`` with every ``nn.Linear`` replaced by an :class:`Int8Linear`.
 
-    ``skip``: names of Linear modules (as in ``model.named_modules()``) to keep in floating point.
-    A Linear whose weight is tied to another module (a GPT's ``lm_head`` and ``tok_emb``) is kept
-    as it is, still tied (see the module docstring). ``model`` itself is not changed.
+    ``skip``: names of Linear modules (as in ``model.named_modules()``) to keep in floating point. A Linear
+    with a tied weight stays as it is, still tied. ``model`` itself is not changed.
 
     Defined in chapter 9, Inference and deployment.
     """
@@ -139,9 +131,8 @@ def quantize_weights(model: nn.Module, skip: str | Iterable[str] = ()) -> nn.Mod
 def dynamic_int8(model: nn.Module, skip: str | Iterable[str] = ()) -> nn.Module:
     """A copy of ``model`` whose ``nn.Linear`` layers run PyTorch's dynamic int8 quantization (CPU only).
 
-    ``torch.ao.quantization.quantize_dynamic``: the weights are stored in int8 (one scale per tensor),
-    each call quantizes its input on the fly and multiplies in int8 (fbgemm/oneDNN kernels).
-    ``skip`` and tied weights as in :func:`quantize_weights`; ``model`` itself is not changed.
+    ``torch.ao.quantization.quantize_dynamic``: int8 weights (one scale per tensor), each input quantized on
+    the fly. ``skip`` and tied weights as in :func:`quantize_weights`; ``model`` itself is not changed.
 
     Defined in chapter 9, Inference and deployment.
     """
@@ -169,10 +160,8 @@ def dynamic_int8(model: nn.Module, skip: str | Iterable[str] = ()) -> nn.Module:
 
 
 def state_dict_bytes(model: nn.Module) -> int:
-    """Bytes of ``model.state_dict()``: each storage counted once (tied weights once).
-
-    Quantized tensors (from :func:`dynamic_int8`) count their int8 data, plus their per-channel scales
-    and zero points if they have them; a per-tensor scale is a Python number and is not counted.
+    """Bytes of ``model.state_dict()``, each storage once. A quantized tensor (:func:`dynamic_int8`) counts its
+    int8 data and its per-channel scales and zero points, if any (a per-tensor scale is a Python number).
 
     Defined in chapter 9, Inference and deployment.
     """
@@ -181,18 +170,14 @@ def state_dict_bytes(model: nn.Module) -> int:
     tensors: list[object] = []  # a dynamically quantized Linear's state holds a (weight, bias) tuple
     for value in model.state_dict().values():
         tensors += value if isinstance(value, tuple | list) else [value]
-    seen: set[tuple[str, int]] = set()
+    storages: dict[tuple[str, int], int] = {}  # (device, address) -> bytes; a quantized tensor's holds its int8 data
     total = 0
     for t in tensors:
-        if not isinstance(t, Tensor):
-            continue
-        if t.is_quantized and t.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric):
-            total += t.q_per_channel_scales().nbytes + t.q_per_channel_zero_points().nbytes
-        storage = t.untyped_storage()  # a quantized tensor's storage holds its int8 data
-        if (str(t.device), storage.data_ptr()) not in seen:
-            seen.add((str(t.device), storage.data_ptr()))
-            total += storage.nbytes()
-    return total
+        if isinstance(t, Tensor):
+            if t.is_quantized and t.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric):
+                total += t.q_per_channel_scales().nbytes + t.q_per_channel_zero_points().nbytes
+            storages[(str(t.device), t.untyped_storage().data_ptr())] = t.untyped_storage().nbytes()
+    return total + sum(storages.values())
 
 
 def _linears_to_quantize(model: nn.Module, skip: str | Iterable[str]) -> list[str]:
@@ -211,9 +196,7 @@ def _linears_to_quantize(model: nn.Module, skip: str | Iterable[str]) -> list[st
         raise ValueError(
             f"skip names modules that are not nn.Linear layers of the model: {unknown}; Linear layers: {linears}"
         )
-    uses: dict[int, int] = {}
-    for _, p in model.named_parameters(remove_duplicate=False):
-        uses[id(p)] = uses.get(id(p), 0) + 1
+    uses = collections.Counter(id(p) for _, p in model.named_parameters(remove_duplicate=False))
     tied = [name for name in linears if uses.get(id(model.get_submodule(name).weight), 0) > 1]
     names = [name for name in linears if name not in skip and name not in tied]
     if not names:
