@@ -127,6 +127,7 @@ def test_gpt_sinusoidal_scales_token_embeddings_like_vaswani():
         torch.testing.assert_close(seen[0], expected)
 
 
+@pytest.mark.slow  # 150 training steps
 def test_gpt_learns_a_copy_pattern():
     torch.manual_seed(0)
     model = small_gpt(vocab_size=8, n_layers=2, d_model=32).train()
