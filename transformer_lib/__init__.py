@@ -29,6 +29,7 @@ Two layers. The core is tensors in, tensors out, one module per idea:
 - ``utils``: device, seeds, parameter counts, timing, eval mode
 - ``_validate``: the input checks every entry point runs once
 - ``_eager``: runs the checks that read values eagerly under torch.compile (imported only then)
+- ``_compat``: the private PyTorch APIs the library calls, each behind a function of its own
 
 The notebook layer, ``transformer_lib.notebook``, holds what only the chapters need (exercise
 checkers, widgets, attention views, plots, independent runs side by side (``notebook.runs.fit_together``),
