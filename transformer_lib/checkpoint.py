@@ -1,6 +1,6 @@
 """Trainer checkpoints on disk: ``torch.save`` of :meth:`~transformer_lib.training.Trainer.state_dict`,
 written atomically, read with ``weights_only=True`` once its zip entries are known to be stored (nothing to
-inflate) and whole (CRC-32), and checked against the trainer (:func:`check_state`) before it changes anything.
+inflate) and whole (CRC-32), and checked against the trainer (:func:`validate_state`) before it changes anything.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def load(path: str | os.PathLike) -> dict[str, Any]:
 STATE_FIELDS = ("model", "optimizer", "scaler", "step", "train_config", "model_config", "generators", "history")
 
 
-def check_state(
+def validate_state(
     state: dict[str, Any],
     model: torch.nn.Module,
     model_config: dict | None,

@@ -403,7 +403,7 @@ class Trainer:
         or with weights that are not finite is refused; so is one of another :class:`TrainConfig`, unless
         ``allow_config_change=True``: the trainer then keeps its own (e.g. a larger ``max_steps``)."""
         config, world_size = asdict(self.config), self.world_size
-        checkpoint.check_state(state, self.model, self._model_config(), config, world_size, allow_config_change)
+        checkpoint.validate_state(state, self.model, self._model_config(), config, world_size, allow_config_change)
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         for group, decay in zip(self.optimizer.param_groups, (self.config.weight_decay, 0.0), strict=True):

@@ -154,7 +154,7 @@ def fit_together(
     Defined in chapter 4, Positional encoding.
     """
     trainers = list(trainers)
-    _check_runs(trainers, progress)
+    _validate_runs(trainers, progress)
     workers = min(os.cpu_count() or 1, len(trainers)) if workers is None else _validate_int("workers", workers, 1)
     side_by_side = workers > 1 and all(
         t.device.type == "cpu" and not t.compiled and t.world_size == 1 and not _uses_dropout(t.model) for t in trainers
@@ -229,7 +229,7 @@ def _replay(trainer: Trainer, data: bytes, callback: Callable[[Trainer], None] |
     return None
 
 
-def _check_runs(trainers: list[Trainer], progress: object) -> None:
+def _validate_runs(trainers: list[Trainer], progress: object) -> None:
     if not trainers or not all(isinstance(t, Trainer) for t in trainers):
         kinds = sorted({type(t).__name__ for t in trainers}) or ["nothing"]
         raise TypeError(f"trainers must be a non-empty sequence of Trainer, got {', '.join(kinds)}")
