@@ -1,9 +1,7 @@
 """What runs in reduced precision and what stays in fp32 (chapters 7 and 8).
 
-Under autocast the matrix multiplies of the projections and the feed-forward run in bf16
-(or fp16 on GPUs without bf16) with fp32 accumulation; the weights, the norms, the residual
-stream, the attention core on the CPU, the output head (:func:`output_in_fp32`) and the loss
-stay in fp32.
+Under autocast the projections and the feed-forward multiply in bf16 (fp16 on GPUs without it); the
+weights, norms, residual stream, the CPU's attention core, the output head and the loss stay in fp32.
 """
 
 from __future__ import annotations
@@ -22,30 +20,23 @@ PRECISIONS = {"auto": None, "fp32": torch.float32, "bf16": torch.bfloat16, "fp16
 
 
 def precision_override() -> str:
-    """The value of ``TRANSFORMER_LIB_PRECISION`` (``auto`` when unset), checked.
-
-    Read at every call, so a kernel started with the variable set runs the whole book that way.
-    Raises ValueError for anything but auto, fp32, bf16 or fp16 (case and spaces ignored).
-    """
+    """The value of ``TRANSFORMER_LIB_PRECISION`` (``auto`` when unset), read at every call; ValueError for
+    anything but auto, fp32, bf16 or fp16 (case and spaces ignored)."""
     value = os.environ.get(PRECISION_ENV, "auto").strip().lower() or "auto"
     if value not in PRECISIONS:
         raise ValueError(f"{PRECISION_ENV} must be one of {', '.join(PRECISIONS)}, got {os.environ[PRECISION_ENV]!r}")
     return value
 
 
-# oneDNN, which multiplies bf16 matrices on a CPU, uses bf16 instructions only from AVX512_CORE_BF16 up:
-# capped below that it emulates them, several times slower than fp32
+# oneDNN multiplies bf16 on a CPU with bf16 instructions only from AVX512_CORE_BF16 up; capped below, it emulates.
 _ONEDNN_ISAS_WITHOUT_BF16 = frozenset(
     {"sse41", "avx", "avx2", "avx2_vnni", "avx2_vnni_2", "avx512_core", "avx512_core_vnni"}
 )
 
 
-def onednn_capped_below_bf16() -> bool:
-    """Whether ``ONEDNN_MAX_CPU_ISA`` (or its older name ``DNNL_MAX_CPU_ISA``) keeps oneDNN from bf16 instructions.
-
-    Used to run a bf16 CPU as an AVX2-only one would (with ``ATEN_CPU_CAPABILITY=avx2``). oneDNN reads
-    the variable once, at its first product, so it must be set before the process starts.
-    """
+def _onednn_capped_below_bf16() -> bool:
+    """Whether ``ONEDNN_MAX_CPU_ISA`` (or ``DNNL_MAX_CPU_ISA``), read by oneDNN at its first product, keeps it
+    from bf16 instructions."""
     isa = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or ""
     return isa.strip().lower() in _ONEDNN_ISAS_WITHOUT_BF16
 
@@ -53,27 +44,21 @@ def onednn_capped_below_bf16() -> bool:
 def native_dtype(device: torch.device) -> torch.dtype | None:
     """The reduced precision that ``device`` multiplies natively, or None: what ``auto`` picks.
 
-    CUDA: bf16 where the GPU has it, else fp16 (with loss scaling). CPU: bf16 only on
-    processors that multiply bf16 matrices in hardware (AVX512-BF16 or AMX, e.g. recent
-    Xeon and EPYC) and only where oneDNN is not capped below them (:func:`onednn_capped_below_bf16`);
-    elsewhere bf16 is emulated and slower. Other devices: None. Unlike :func:`autocast_dtype` it
-    ignores ``TRANSFORMER_LIB_PRECISION``: it describes the hardware.
+    CUDA: bf16 where the GPU has it, else fp16. CPU: bf16 only with AVX512-BF16 or AMX and oneDNN not
+    capped below them. Other devices: None. It ignores ``TRANSFORMER_LIB_PRECISION``.
     """
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     if device.type == "cpu":
-        return torch.bfloat16 if cpu_has_native_bf16() and not onednn_capped_below_bf16() else None
+        return torch.bfloat16 if cpu_has_native_bf16() and not _onednn_capped_below_bf16() else None
     return None
 
 
 def autocast_dtype(device: torch.device) -> torch.dtype | None:
     """The reduced precision the library trains in on ``device``, or None to stay in fp32.
 
-    By default (``auto``) the one the hardware multiplies natively (:func:`native_dtype`): bf16
-    on GPUs that have it and on CPUs with AVX512-BF16 or AMX, fp16 on older GPUs, None elsewhere.
-    The environment variable ``TRANSFORMER_LIB_PRECISION`` overrides this choice for the whole
-    process: ``fp32`` (None: no autocast anywhere), ``bf16`` or ``fp16`` (that dtype, on any
-    device, even where it is emulated and slow).
+    ``auto`` (the default): :func:`native_dtype`. ``TRANSFORMER_LIB_PRECISION`` overrides it for the whole
+    process: ``fp32`` (None), ``bf16`` or ``fp16`` (that dtype on any device, even emulated).
 
     Defined in chapter 7, Decoder-only.
     """
@@ -93,10 +78,7 @@ def head_product_dtype(device: torch.device, amp_dtype: torch.dtype | None) -> t
 def output_in_fp32(head: nn.Module, h: Tensor) -> Tensor:
     """``head(h)``, in fp32 even under autocast: every operand, the product and the logits.
 
-    bf16 logits keep about 3 significant digits; rounding every logit adds noise that raises the
-    cross-entropy on average, so the head (small: d_model x vocab_size) multiplies in fp32, and the
-    loss is computed from fp32 logits. A head converted to bf16 (``model.to(torch.bfloat16)``) is
-    multiplied with its weights cast to fp32.
+    A head converted to bf16 (``model.to(torch.bfloat16)``) is multiplied with its weights cast to fp32.
 
     Shapes: h (..., d_model) -> logits (..., vocab_size).
     """
@@ -111,11 +93,8 @@ def output_in_fp32(head: nn.Module, h: Tensor) -> Tensor:
 
 
 def fused_attention(q: Tensor, k: Tensor, v: Tensor, **kwargs: Any) -> Tensor:
-    """``F.scaled_dot_product_attention``, in fp32 when bf16 inputs are on the CPU.
-
-    PyTorch's CPU attention kernels are slower in bf16 than in fp32, and attention is a small
-    share of the matrix work, so under CPU autocast the attention itself runs in fp32 and only
-    the projections in bf16.
+    """``F.scaled_dot_product_attention``, in fp32 when bf16 inputs are on the CPU (where its bf16 kernels
+    are slower than fp32), cast back to bf16.
 
     Shapes: q (B, n_heads, T_q, d_head), k/v (B, n_heads, T_k, d_head) -> (B, n_heads, T_q, d_head).
     """
