@@ -1,12 +1,8 @@
 """Where a model's training memory goes, measured from the tensors.
 
-Training keeps four kinds of tensors: the parameters, their gradients, the optimizer's state
-(AdamW: two moments per parameter) and the activations that autograd saves for the backward
-pass. The first three are fixed by the model: :func:`state_bytes` measures them, and
-:func:`adamw_bytes_per_parameter` gives the formula they follow. The activations grow with the
-batch, the sequence length and the depth: :func:`saved_activation_bytes` measures them as autograd
-saves them. Activation checkpointing (``GPT.activation_checkpointing = True``) keeps only each
-block's input and recomputes the rest during the backward pass: less memory, one more forward.
+Training keeps the parameters, their gradients and the optimizer's state (:func:`state_bytes`,
+:func:`adamw_bytes_per_parameter`), and the activations autograd saves for the backward pass
+(:func:`saved_activation_bytes`); inference keeps the KV caches (:func:`cache_bytes`).
 """
 
 from __future__ import annotations
@@ -26,8 +22,7 @@ def _storage_key(t: Tensor) -> tuple[int, int]:
 
 
 def tensor_bytes(tensors: Any) -> int:
-    """Bytes of the distinct storages behind ``tensors`` (an iterable of tensors; a view or a tied
-    weight is counted once).
+    """Bytes of the distinct storages behind the iterable ``tensors`` (a view or a tied weight counted once).
 
     Defined in chapter 8, Training at scale.
     """
@@ -40,10 +35,8 @@ def tensor_bytes(tensors: Any) -> int:
 
 
 def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict[str, int]:
-    """Bytes of the parameters, of their gradients (those that exist now), and of the optimizer's
-    state (e.g. AdamW's moments, which exist after its first step).
-
-    Returns ``{"parameters": ..., "gradients": ..., "optimizer": ..., "total": ...}``.
+    """``{"parameters", "gradients", "optimizer", "total"}``: bytes of the parameters, of the gradients that
+    exist now, and of the optimizer's state (AdamW's moments exist after its first step).
 
     Defined in chapter 8, Training at scale.
     """
@@ -78,10 +71,8 @@ def adamw_bytes_per_parameter(param_bytes: int = 4, grad_bytes: int | None = Non
 
 
 def saved_activation_bytes(fn: Callable[[], Tensor]) -> int:
-    """Bytes of the tensors autograd saves for the backward pass while ``fn()`` runs (distinct
-    storages; parameters and views of them, such as a transposed weight, excluded: they are kept
-    anyway). ``fn`` computes a loss; it is not
-    differentiated here.
+    """Bytes of the tensors autograd saves for the backward pass while ``fn()`` (a loss, not differentiated
+    here) runs: distinct storages, parameters and views of them (a transposed weight) excluded.
 
     Defined in chapter 8, Training at scale.
     """
@@ -104,21 +95,19 @@ def _is_weight(t: Tensor) -> bool:
 
 
 def kv_cache_bytes_per_token(n_layers: int, n_kv_heads: int, d_head: int, bytes_per_number: int = 4) -> int:
-    """Bytes a KV cache takes per token: a key and a value of ``n_kv_heads * d_head`` numbers in every
-    layer, ``2 * n_layers * n_kv_heads * d_head * bytes_per_number``. Grouped-query attention
-    (``n_kv_heads < n_heads``) divides it by ``n_heads / n_kv_heads``; 16-bit numbers halve it.
+    """Bytes a KV cache takes per token, ``2 * n_layers * n_kv_heads * d_head * bytes_per_number``: a key and a
+    value of ``n_kv_heads * d_head`` numbers in every layer.
 
     Defined in chapter 9, Inference and deployment.
     """
-    for name, value in (("n_layers", n_layers), ("n_kv_heads", n_kv_heads), ("d_head", d_head)):
+    sizes = {"n_layers": n_layers, "n_kv_heads": n_kv_heads, "d_head": d_head, "bytes_per_number": bytes_per_number}
+    for name, value in sizes.items():
         _validate_int(name, value, 1)
-    _validate_int("bytes_per_number", bytes_per_number, 1)
     return 2 * n_layers * n_kv_heads * d_head * bytes_per_number
 
 
 def cache_bytes(caches: Any) -> int:
-    """Bytes of the keys and values in a model's KV caches (a list of
-    :class:`~transformer_lib.attention.KVCache`): their numbers times their size.
+    """Bytes of the keys and values in a list of :class:`~transformer_lib.attention.KVCache`.
 
     Defined in chapter 9, Inference and deployment.
     """
