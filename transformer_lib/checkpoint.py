@@ -88,8 +88,8 @@ def validate_state(
     mine = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     theirs = {name: tuple(t.shape) for name, t in state["model"].items() if isinstance(t, Tensor)}
     if mine != theirs:
-        differ = sorted(set(mine.items()) ^ set(theirs.items()))[:5]
-        raise CheckpointError(f"it does not fit the model (weights that differ in name or shape: {differ})")
+        odd = sorted(set(mine.items()) ^ set(theirs.items()))[:5]
+        raise CheckpointError(f"it does not fit the model (weights that differ in name or shape: {odd})")
     for moments in state["optimizer"].get("state", {}).values():
         for name in ("exp_avg", "exp_avg_sq"):
             if name in moments and tuple(moments[name].shape) not in set(mine.values()):

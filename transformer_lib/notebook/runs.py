@@ -220,7 +220,8 @@ def _replay(trainer: Trainer, data: bytes, callback: Callable[[Trainer], None] |
             for state in snapshots if callback is not None else []:
                 trainer.model.load_state_dict(state["model"])
                 trainer.step, trainer.history = state["step"], History(**state["history"])
-                callback(trainer)
+                if callback is not None:  # always, here: for the type checker
+                    callback(trainer)
         state = final
     except Exception as e:
         return e
