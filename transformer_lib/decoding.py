@@ -1,10 +1,7 @@
 """Decoding an encoder-decoder model: greedy search and beam search (chapter 6).
 
-The encoder runs once; the decoder's cross-attention projects the encoder's output into
-keys and values once (static caches) and its self-attention keeps a growing key/value
-cache, so each step feeds only the newest token. The special tokens are the caller's:
-``bos_id`` starts every output, ``eos_id`` ends it, ``pad_id`` (default: the model's) fills
-the rows that finished early.
+The encoder runs once and the decoder keeps key/value caches, so each step feeds only the newest token.
+``bos_id`` starts every output, ``eos_id`` ends it, ``pad_id`` (default: the model's) fills finished rows.
 """
 
 from __future__ import annotations

