@@ -105,6 +105,17 @@ def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
     return x if n_rep == 1 else x.repeat_interleave(n_rep, dim=1)
 
 
+def _cast_once_for_autocast(*xs: Tensor) -> tuple[Tensor, ...]:
+    """``xs`` in autocast's dtype when autocast is on, each distinct tensor cast once: autocast casts the
+    input of every product anew, so self-attention's q, k and v products would each keep a copy of x for
+    the backward pass. Unchanged outside autocast."""
+    device = xs[0].device.type
+    if not torch.is_autocast_enabled(device):
+        return xs
+    dtype, casts = torch.get_autocast_dtype(device), dict[int, Tensor]()  # id(x) -> x in dtype
+    return tuple(casts.setdefault(id(x), x.to(dtype)) for x in xs)
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention: q/k/v projections, ``n_heads`` heads of ``d_head = d_model // n_heads``, an
     output projection. ``need_weights=True`` runs the explicit path and also returns the per-head weights;
@@ -191,6 +202,7 @@ class MultiHeadAttention(nn.Module):
         key = query if key is None else key
         value = key if value is None else value
         self._validate_inputs(query, key, value)
+        query, key, value = _cast_once_for_autocast(query, key, value)
         T_past = 0 if cache is None or cache.static else len(cache)
         q = self.split_heads(self.q_proj(query))  # (B, n_heads, T_q, d_head)
         k, v = self._keys_values(key, value, cache, T_past, positions)  # (B, n_kv_heads, T_k, d_head)
