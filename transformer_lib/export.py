@@ -70,11 +70,9 @@ class _Logits(nn.Module):
 def export_onnx(model: GPT, path: str | Path, example_ids: Tensor | None = None, dynamic: bool = True) -> Path:
     """Write ``model``'s logits for token ids to the ONNX file ``path`` (in eval mode); return the path.
 
-    ``dynamic=True`` leaves the batch size free and the sequence length free up to ``block_size``;
-    ``dynamic=False`` fixes both to the shape of ``example_ids``. ``example_ids`` (B, T) is the input
-    the exporter runs the model on; by default (2, min(8, block_size)) token ids. The model's
+    ``dynamic=True`` leaves the batch size and the length (up to ``block_size``) free; ``dynamic=False``
+    fixes both to the shape of ``example_ids`` (the exporter's input; default (2, min(8, block_size)) ids).
     ``vocab_size`` and ``block_size`` go into the file's metadata, for :class:`OnnxGPT`'s checks.
-    The exporter is ``torch.export`` (``dynamo=True``), translated by onnxscript, offline.
 
     Shapes: example_ids (B, T); the file maps ids (B, T) -> logits (B, T, vocab_size).
 

@@ -155,8 +155,8 @@ class DecoderOnlyLayer(EncoderLayer):
 class DecoderLayer(nn.Module):
     """Masked self-attention, cross-attention to the encoder memory, then feed-forward.
 
-    ``forward(x, memory, tgt_mask, memory_mask)`` returns ``x``, or ``(x, self_weights, cross_weights)`` with
-    ``need_weights=True``; ``self_cache``/``cross_cache`` enable incremental decoding.
+    ``need_weights=True`` returns ``(x, self_weights, cross_weights)``; ``self_cache``/``cross_cache`` enable
+    incremental decoding.
 
     Shapes: x (B, T, d_model), memory (B, S, d_model),
         tgt_mask broadcastable to (B, n_heads, T, T), memory_mask to (B, n_heads, T, S)

@@ -86,12 +86,8 @@ def saved_activation_bytes(fn: Callable[[], Tensor]) -> int:
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         fn()
-    weights = {_storage_key(t) for t in saved if _is_weight(t)}  # parameters and views of them (w.T)
+    weights = {_storage_key(t) for t in saved if isinstance(t, nn.Parameter) or isinstance(t._base, nn.Parameter)}
     return tensor_bytes(t for t in saved if _storage_key(t) not in weights)
-
-
-def _is_weight(t: Tensor) -> bool:
-    return isinstance(t, nn.Parameter) or isinstance(getattr(t, "_base", None), nn.Parameter)
 
 
 def kv_cache_bytes_per_token(n_layers: int, n_kv_heads: int, d_head: int, bytes_per_number: int = 4) -> int:

@@ -314,12 +314,10 @@ class GPT(nn.Module):
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
-        if isinstance(module, nn.Linear):
+        if isinstance(module, nn.Linear | nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
 
     def _validate(self, idx: Tensor, attention_mask: Tensor | None, past: int = 0) -> tuple[Tensor, Tensor | None]:
         """Check the token ids and the padding mask once, at the model's boundary; the ids as long, the mask as bool."""

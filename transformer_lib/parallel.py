@@ -203,12 +203,9 @@ def pipeline_step(stage: GPTStage, x: Tensor, y: Tensor, n_micro: int) -> Pipeli
     """One GPipe forward and backward pass of the batch ``(x, y)`` through a pipeline of ``GPTStage``s, one per
     process of the ``torch.distributed`` group, in rank order (rank ``r`` runs stage ``r``).
 
-    The batch is cut into ``n_micro`` equal micro-batches. Every forward pass runs first (stage ``r``
-    receives activations from rank ``r - 1`` and sends its output to rank ``r + 1``; the last stage computes
-    each micro-batch's mean loss), then every backward pass in the same order (the last stage backpropagates
-    ``loss_i / n_micro``; each stage sends the gradient of its input back). The gradients add up to those of
-    the whole batch's mean loss. No optimizer step. Every process passes the whole batch; the first stage
-    reads ``x``, the last ``y``. fp32 only.
+    The batch is cut into ``n_micro`` micro-batches: every forward pass first, then every backward pass (of
+    ``loss_i / n_micro``), so the gradients are those of the whole batch's mean loss. No optimizer step.
+    Every process passes the whole batch; the first stage reads ``x``, the last ``y``. fp32 only.
 
     Shapes: x, y (B, T) token ids and targets, B divisible by ``n_micro``.
 

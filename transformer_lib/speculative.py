@@ -88,10 +88,9 @@ def speculative_generate(
 ) -> tuple[Tensor, SpeculativeStats]:
     """Greedy decoding of ``target``, sped up by ``k`` proposals per round from ``draft``; in eval mode.
 
-    The output equals ``target.generate(idx, max_new_tokens, temperature=0)`` (up to the rounding of
-    one pass over ``k + 1`` tokens against ``k + 1`` one-token passes). Both models are GPTs with one
-    ``vocab_size``; batch size 1. A round proposes at most ``block_size - T`` tokens; once the target's
-    context is full, the remaining tokens come from ``target.generate``, one pass each.
+    The output equals ``target.generate(idx, max_new_tokens, temperature=0)`` (up to rounding). Both models
+    are GPTs with one ``vocab_size``; batch size 1. Once the target's context is full, the remaining tokens
+    come from ``target.generate``.
     ``stats.target_passes + stats.accepted == stats.generated`` always holds.
 
     Shapes: idx (1, T0) -> (1, T0 + max_new_tokens).
