@@ -76,9 +76,7 @@ def fit_20_steps(monkeypatch, loss_fn=None) -> list[str]:
     """A 20-step fit of a tiny GPT, with one log (at the end) and evaluations only at steps 0 and 20."""
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=7, block_size=16, n_layers=1, n_heads=2, d_model=16, dropout=0.1))
-    cfg = TrainConfig(
-        max_steps=20, lr=3e-3, warmup_steps=5, eval_interval=1000, eval_steps=2, log_interval=1000
-    )
+    cfg = TrainConfig(max_steps=20, lr=3e-3, warmup_steps=5, eval_interval=1000, eval_steps=2, log_interval=1000)
     batches = lambda g: random_blocks(DATA, 8, 16, g)  # noqa: E731
     trainer = Trainer(model, cfg, batches, batches, device="cpu", **({} if loss_fn is None else {"loss_fn": loss_fn}))
     calls = count_host_reads(monkeypatch, on_the_host=(batches.__code__,))

@@ -446,9 +446,7 @@ def test_two_liveplots_are_two_displays(displayed) -> None:
 def test_liveplot_as_a_real_trainer_callback(displayed) -> None:
     torch.manual_seed(0)
     model = torch.nn.Linear(2, 1)
-    config = TrainConfig(
-        max_steps=4, eval_interval=2, eval_steps=1, log_interval=1, warmup_steps=0, amp=False
-    )
+    config = TrainConfig(max_steps=4, eval_interval=2, eval_steps=1, log_interval=1, warmup_steps=0, amp=False)
 
     def batches(generator):
         x = torch.randn(4, 2, generator=generator)
