@@ -39,7 +39,7 @@ from transformer_lib.notebook.benchmark import gpt_matmul_shapes, library_step_p
 from transformer_lib.notebook.environment import keep_freed_memory
 from transformer_lib.notebook.race import Race, SideBySide, races_in_turn
 from transformer_lib.notebook.reference_gpt import ReferenceGPT
-from transformer_lib.precision import head_product_dtype, native_dtype
+from transformer_lib.precision import native_dtype
 from transformer_lib.text import random_blocks
 from transformer_lib.training import Trainer
 
@@ -89,10 +89,8 @@ def new_race(
         return None
     if low is None:
         how = "every product in fp32"
-    elif head_product_dtype(device, low) == torch.float32:
+    else:
         how = f"the blocks' products in {name}, the output head's in fp32"
-    else:  # a CUDA GPU under bf16: the head, too, multiplies bf16 operands (its logits fp32)
-        how = f"every product in {name} (the output head's logits in fp32)"
     products = library_step_products(shapes.blocks, shapes.head, low, device)  # in the library's precisions
     return PrecisionRace(name, low, Race(trainer, reference, alongside=products), how)
 

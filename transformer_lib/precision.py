@@ -69,12 +69,6 @@ def autocast_dtype(device: torch.device) -> torch.dtype | None:
     return None if dtype == torch.float32 else dtype
 
 
-def head_product_dtype(device: torch.device, amp_dtype: torch.dtype | None) -> torch.dtype:
-    """The dtype the output head multiplies in under autocast to ``amp_dtype`` on ``device``: always fp32
-    (:func:`output_in_fp32`)."""
-    return torch.float32
-
-
 def output_in_fp32(head: nn.Module, h: Tensor) -> Tensor:
     """``head(h)``, in fp32 even under autocast: every operand, the product and the logits.
 

@@ -18,7 +18,6 @@ from torch import Tensor, nn
 from torch.utils.benchmark import Timer
 
 from .._validate import _validate_int
-from ..precision import head_product_dtype
 
 Shape = tuple[int, int, int]  # (M, K, N) of a product (M, K) @ (K, N)
 
@@ -90,11 +89,9 @@ def library_step_products(
 ) -> Callable[[], None]:
     """The step's products (:func:`_products`) in the precisions the library's step multiplies in under
     autocast to ``dtype``: with None every product in fp32; else the blocks' in ``dtype`` and the head's in
-    :func:`~transformer_lib.precision.head_product_dtype`. Timed, the fastest any engine takes the step there."""
-    if dtype is None:
-        return _products([(s, torch.float32) for s in (*blocks, *head)], device)
-    head_dtype = head_product_dtype(torch.device(device), dtype)
-    return _products([(s, dtype) for s in blocks] + [(s, head_dtype) for s in head], device)
+    fp32 (:func:`~transformer_lib.precision.output_in_fp32`). Timed, the fastest any engine takes the step."""
+    low = torch.float32 if dtype is None else dtype
+    return _products([(s, low) for s in blocks] + [(s, torch.float32) for s in head], device)
 
 
 def train_step_flops(model: nn.Module, x: Tensor, y: Tensor) -> int:
