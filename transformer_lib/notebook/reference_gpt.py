@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from contextlib import nullcontext
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -126,7 +127,8 @@ def reference_train_step(
     """
     cfg, device = trainer.config, trainer.device
     decay = [p for p in reference.parameters() if p.dim() >= 2]
-    groups = [{"params": decay}, {"params": [p for p in reference.parameters() if p.dim() < 2], "weight_decay": 0.0}]
+    no_decay = [p for p in reference.parameters() if p.dim() < 2]
+    groups: list[dict[str, Any]] = [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
     fused = device.type == "cuda"
     optimizer = torch.optim.AdamW(groups, cfg.lr, cfg.betas, weight_decay=cfg.weight_decay, fused=fused)
     amp = trainer.amp_dtype  # the trainer's precision, so that a race compares engines, not precisions

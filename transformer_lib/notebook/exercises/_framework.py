@@ -104,7 +104,7 @@ class Bug:
     hint: str | Hint
 
 
-def bug_table(table: dict[str, str | Hint], wrong: Callable[..., Any], /, *args: Any) -> tuple[Bug, ...]:
+def bug_table(table: Mapping[str, str | Hint], wrong: Callable[..., Any], /, *args: Any) -> tuple[Bug, ...]:
     """The :class:`Bug` of each entry ``bug: hint`` of a checker's table of classic mistakes: its wrong answer is
     ``wrong(*args, bug=bug)``, computed only if the answer fails the case (one right on the case never matches)."""
     return tuple(Bug(functools.partial(wrong, *args, bug=bug), hint) for bug, hint in table.items())
@@ -345,7 +345,7 @@ def _run_in_thread(call: Callable[[], Any], seconds: float) -> tuple[Any, BaseEx
 # ---------------------------------------------------------------- one case: what went wrong, and the hint
 
 _Failure = tuple[str, str | Hint]  # (what is wrong, the hint)
-ErrorHint = str | Hint | Callable[[Exception], str | Hint]  # a hint, or one function of the exception
+ErrorHint = str | Hint | Callable[[BaseException], str | Hint]  # a hint, or one function of the exception
 
 _TIMEOUT_HINT = (
     "look for a loop that never ends (a `while` whose condition never changes), or one over every "
@@ -428,7 +428,12 @@ def _as_bugs(bugs: Iterable[Bug] | Mapping[Any, str | Hint], expected: Any) -> t
     if not isinstance(bugs, Mapping):
         return tuple(bugs)
     as_float = isinstance(expected, float)
-    return tuple(Bug(lambda v=float(v) if as_float else v: v, hint) for v, hint in bugs.items())
+    return tuple(Bug(_constant(float(v) if as_float else v), hint) for v, hint in bugs.items())
+
+
+def _constant(value: Any) -> Callable[[], Any]:
+    """A function that returns ``value``: a bug whose wrong answer is a number given in advance."""
+    return lambda: value
 
 
 def _profiled(codes: dict[CodeType, str], called: set[str], call: Callable[[], Any]) -> Any:
@@ -462,7 +467,8 @@ class Checker:
     failures."""
 
     def __init__(self, title: str, timeout_seconds: float | None = None) -> None:
-        self.title, self.lines, self.failures = title, [], 0
+        self.title, self.failures = title, 0
+        self.lines: list[str] = []  # one per case
         self.hints: list[Hint] = []  # of the failed cases, each once, in order
         self.timeout_seconds = timeout_seconds  # None: CASE_TIMEOUT_SECONDS, read when a case runs
         self._refused: dict[CodeType, str] = {}  # the library's functions the answer must not call
@@ -602,7 +608,8 @@ def _normalised(code: CodeType) -> CodeType:
     sources that differ only in whitespace, comments or blank lines compile to equal normalised code; any other
     change does not."""
     consts = tuple(_normalised(c) if isinstance(c, CodeType) else c for c in code.co_consts)
-    names = {"co_qualname": ""} if hasattr(code, "co_qualname") else {}  # Python 3.11+
+    if sys.version_info >= (3, 11):
+        code = code.replace(co_qualname="")
     return code.replace(
         co_name="",
         co_filename="",
@@ -610,7 +617,6 @@ def _normalised(code: CodeType) -> CodeType:
         co_linetable=b"",
         co_flags=code.co_flags & ~_FUTURE_FLAGS,
         co_consts=consts,
-        **names,
     )
 
 
@@ -624,7 +630,7 @@ def same_code(source: str, other: str) -> bool:
     return _normalised(_compiled(source)) == _normalised(_compiled(other))
 
 
-def _methods(namespace: dict[str, Any]) -> dict[str, CodeType]:
+def _methods(namespace: Mapping[str, Any]) -> dict[str, CodeType]:
     """The normalised code of the functions in a class's ``namespace`` (decorators looked through)."""
     methods = {}
     for name, value in namespace.items():

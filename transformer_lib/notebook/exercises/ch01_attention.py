@@ -88,7 +88,7 @@ _SOFTMAX_BUGS = {  # bug -> hint, for _wrong_softmax(..., bug=bug): the snippet'
 }
 
 
-def _softmax_error_hint(error: Exception) -> Hint | str:
+def _softmax_error_hint(error: BaseException) -> Hint | str:
     if "must match the size" in str(error):
         return Hint(
             "the row sums do not broadcast against the scores: each row's sum must keep its place as an axis of "
@@ -193,7 +193,9 @@ def reference_distance_attention(q: Tensor, k: Tensor, v: Tensor, temperature: f
     return weights @ v, weights
 
 
-def _wrong_distance_attention(q: Tensor, k: Tensor, v: Tensor, temperature: float, *, bug: str):
+def _wrong_distance_attention(
+    q: Tensor, k: Tensor, v: Tensor, temperature: float, *, bug: str
+) -> tuple[Tensor, Tensor]:
     """Attention by distance with a bug of :data:`_DISTANCE_BUGS`."""
     d2 = _squared_distances(q, k)
     scores = {
@@ -253,7 +255,7 @@ def _raised_on_dot_T(error: BaseException) -> bool:
     return re.search(r"\.T\b", line) is not None
 
 
-def _distance_error_hint(error: Exception) -> Hint:
+def _distance_error_hint(error: BaseException) -> Hint:
     """The ``k.T`` hint for the error ``k.T`` causes on batched keys; else a reminder of the shapes."""
     if _raised_on_dot_T(error) or re.search(r"`?x\.T`? on tensors", str(error)):
         return Hint(
@@ -275,8 +277,9 @@ def check_distance_attention(c: Checker, distance_attention: Callable[..., tuple
     g = torch.Generator().manual_seed(1)
     keys = torch.tensor([[1.0, 0.1], [0.7, 0.7], [-0.7, 0.6], [-0.8, -0.4]])  # the chapter's four keys
 
-    def draw(*shapes: tuple[int, ...]) -> list[Tensor]:
-        return [torch.randn(*shape, generator=g) for shape in shapes]
+    def draw(*shapes: tuple[int, ...]) -> tuple[Tensor, Tensor, Tensor]:  # q, k, v
+        q, k, v = (torch.randn(*shape, generator=g) for shape in shapes)
+        return q, k, v
 
     cases = [  # name, q, k, v, temperature
         ("one query, the chapter's four keys, temperature 1", torch.tensor([[1.0, 0.3]]), keys, keys, 1.0),

@@ -135,7 +135,7 @@ def _heads(x: Tensor, n_heads: int, bug: str = "") -> Tensor:
 _SHAPE_ERROR_WORDS = ("is invalid for input of size", "must match the size", "Expected size", "size mismatch")
 
 
-def _query_length_hint(error: Exception) -> Hint | str:
+def _query_length_hint(error: BaseException) -> Hint | str:
     """For a shape error only with more keys than queries: the query's length used for the keys' view or reshape."""
     if any(words in str(error) for words in _SHAPE_ERROR_WORDS):
         return Hint(
@@ -239,7 +239,7 @@ def check_attention_crossover(c: Checker, prediction: float) -> None:
     the four projections and the feed-forward layer together."""
     d_model, n_heads, d_ff = (CROSSOVER_SETUP[k] for k in ("d_model", "n_heads", "d_ff"))
     expected = attention_crossover(d_model, d_ff)
-    bugs = {
+    bugs: dict[float, str | Hint] = {
         2 * d_model: Hint(
             f"{2 * d_model} = 2 d_model is where attention overtakes the four projections alone (the chapter's "
             "table). The feed-forward layer belongs to the rest too.",

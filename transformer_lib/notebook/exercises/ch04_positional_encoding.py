@@ -242,7 +242,9 @@ def _rope_scores_case(c: Checker, to_interleaved: Callable[[Tensor, int], Tensor
     x = torch.randn(2, T, d_model, generator=g)
     rotary = RotaryEmbedding(d_head, max_len=T)
 
-    def interleaved_scores(convert: Callable[[Tensor, int], Tensor], wq=wq, bq=bq, wk=wk, bk=bk) -> Tensor:
+    def interleaved_scores(
+        convert: Callable[[Tensor, int], Tensor], wq: Tensor = wq, bq: Tensor = bq, wk: Tensor = wk, bk: Tensor = bk
+    ) -> Tensor:
         q = (convert(wq, n_heads), convert(bq, n_heads))
         k = (convert(wk, n_heads), convert(bk, n_heads))
         return _rope_scores(x, q, k, n_heads, rotary)

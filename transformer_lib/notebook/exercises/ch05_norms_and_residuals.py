@@ -118,7 +118,7 @@ def _parameter_shapes_case(c: Checker, make: Callable[..., Any], d: int) -> None
     )
 
 
-def _layer_norm_error_hint(e: Exception) -> Hint | str:
+def _layer_norm_error_hint(e: BaseException) -> Hint | str:
     text = str(e)
     if isinstance(e, AttributeError) and ("alpha" in text or "bias" in text):
         return "keep the tutorial's parameter names, alpha (the gain) and bias (the shift): the checker loads them."
@@ -196,6 +196,8 @@ class _CausalSelfAttention(nn.Module):
 class _FixedDropout(nn.Module):
     """``nn.Dropout(p)`` in training mode, but dropping the same entries at every call: a fixed mask, the kept
     entries scaled by 1 / (1 - p), so that an answer's result can be compared. Shapes: h (B, T, d_model) -> same."""
+
+    mask: Tensor  # a buffer
 
     def __init__(self, shape: tuple[int, ...], p: float, generator: torch.Generator) -> None:
         super().__init__()
@@ -304,7 +306,8 @@ def _pre_ln_inputs(shape: tuple[int, int, int], p: float, g: torch.Generator) ->
     with torch.no_grad():
         for norm in (norm1, norm2):
             norm.weight.normal_(1.0, 0.3)
-            norm.bias.normal_(0.0, 0.3)
+            if norm.bias is not None:  # LayerNorm(d) has one
+                norm.bias.normal_(0.0, 0.3)
     dropout = _FixedDropout((B, T, d), p, g) if p else nn.Dropout(0.1).eval()
     x = torch.randn(B, T, d) * 4 + 1
     return {"x": x, "attention": attention, "ff": ff, "norm1": norm1, "norm2": norm2, "dropout": dropout}
@@ -415,11 +418,13 @@ _PER_FEATURE_HINT = Hint(
 def _batch_norm_stats(x: Tensor, mean0: Tensor, var0: Tensor, momentum: float) -> tuple[Tensor, Tensor]:
     """The running statistics of an ``nn.BatchNorm1d`` that starts from ``mean0``, ``var0`` after a step on ``x``."""
     bn = nn.BatchNorm1d(x.shape[-1], momentum=momentum)
+    mean, var = bn.running_mean, bn.running_var
+    assert mean is not None and var is not None  # track_running_stats=True, the default, keeps them
     with torch.no_grad():
-        bn.running_mean.copy_(mean0)
-        bn.running_var.copy_(var0)
+        mean.copy_(mean0)
+        var.copy_(var0)
         bn.train()(x.transpose(1, 2))  # (B, d_model, T): BatchNorm1d's layout
-    return bn.running_mean.clone(), bn.running_var.clone()
+    return mean.clone(), var.clone()
 
 
 @checker(

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol, TypedDict
 
 import torch
 import torch.nn.functional as F
@@ -75,8 +75,16 @@ class _CopyModel(nn.Module):
         return [{"length": 0}]
 
 
+class _EncoderDecoder(Protocol):
+    """What greedy decoding calls: a :class:`~transformer_lib.Seq2SeqTransformer`'s or the stand-in's methods."""
+
+    def encode(self, src: Tensor) -> Tensor: ...
+
+    def decode(self, tgt: Tensor, memory: Tensor, src: Tensor) -> Tensor: ...
+
+
 @torch.no_grad()
-def _greedy_batch(model: nn.Module, src: Tensor, max_len: int, *, bug: str = "") -> Tensor:
+def _greedy_batch(model: _EncoderDecoder, src: Tensor, max_len: int, *, bug: str = "") -> Tensor:
     """Greedy decoding of a batch, or with a bug of :data:`_GREEDY_BUGS`. Shapes: src (B, S) -> (B, <= max_len + 1)."""
     memory = model.encode(src)
     ys = torch.full((src.shape[0], 1), BOS, device=src.device)
@@ -169,7 +177,19 @@ def check_greedy_batch(c: Checker, greedy_batch: Callable[[nn.Module, Tensor, in
 # ---------------------------------------------------------------- Predict, then run: a sure prediction, smoothed
 
 _SMOOTHING = "Reread 'Label smoothing, an option'"
-SMOOTHED_SETUP = {"margin": 20.0, "eps": 0.1, "vocab_size": Seq2SeqTokenizer(ALPHABETS["dates"]).vocab_size}
+
+
+class _SmoothedSetup(TypedDict):
+    margin: float
+    eps: float
+    vocab_size: int
+
+
+SMOOTHED_SETUP: _SmoothedSetup = {
+    "margin": 20.0,
+    "eps": 0.1,
+    "vocab_size": Seq2SeqTokenizer(ALPHABETS["dates"]).vocab_size,
+}
 """The exercise's prediction: the right token's logit ``margin`` above all the others (every other logit
 equal), label smoothing ``eps``, over the vocabulary of the dates task (42 tokens)."""
 

@@ -320,7 +320,8 @@ def _cache_bugs(n_heads: int, n_kv_heads: int) -> dict[str, Hint]:
 def _feed(step: Callable[..., Any], attn: MultiHeadAttention, x: Tensor, chunks: tuple[int, ...]) -> tuple[Tensor, Any]:
     """Run ``step(attn, x_new, cache)`` on ``x`` chunk by chunk, handing each call the cache the previous one
     returned; return the outputs, concatenated along T, and the last cache."""
-    cache, outs, start = None, [], 0
+    cache: Any = None  # what the step returned: checked below, as the answer's may be anything
+    outs, start = [], 0
     for size in chunks:
         result = step(attn, x[:, start : start + size], cache)
         if not isinstance(result, tuple | list) or len(result) != 2:
@@ -338,8 +339,11 @@ def _fed_with_bug(attn: MultiHeadAttention, x: Tensor, chunks: tuple[int, ...], 
     return _feed(functools.partial(_gqa_step, bug=bug), attn, x, chunks)[part]
 
 
-def _library_gqa(attn: MultiHeadAttention, x: Tensor, chunks: tuple[int, ...]) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-    """The library's answer: the whole sequence at once (outputs), and its KVCache filled chunk by chunk."""
+def _library_gqa(
+    attn: MultiHeadAttention, x: Tensor, chunks: tuple[int, ...]
+) -> tuple[Tensor, tuple[Tensor | None, Tensor | None]]:
+    """The library's answer: the whole sequence at once (outputs), and its KVCache filled chunk by chunk (None
+    without chunks)."""
     cache, start = KVCache(), 0
     for size in chunks:
         attn(x[:, start : start + size], cache=cache, is_causal=True)

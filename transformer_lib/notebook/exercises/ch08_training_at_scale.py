@@ -244,7 +244,7 @@ def _scaled_step(
 SCALED_STEP_LR = 1e-2
 
 
-def _scaler_error_hint(error: Exception) -> Hint | str:
+def _scaler_error_hint(error: BaseException) -> Hint | str:
     """What GradScaler's own errors mean for the answer."""
     text = str(error)
     if "unscale_() is being called after step()" in text:
@@ -601,7 +601,11 @@ _ONE_F_ONE_B_HINT = Hint(
 def _one_f_one_b_as_a_sort(p: int, m: int) -> list[list[tuple[str, int]]]:
     """1F1B as a sort: stage s's backward of i comes after its forward of i + p - s - 1 (or its last forward)."""
     ops = [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
-    return [sorted(ops, key=lambda op, s=s: op[1] + (p - s - 0.5 if op[0] == "B" else 0)) for s in range(p)]
+
+    def stage(s: int) -> list[tuple[str, int]]:
+        return sorted(ops, key=lambda op: op[1] + (p - s - 0.5 if op[0] == "B" else 0))
+
+    return [stage(s) for s in range(p)]
 
 
 @checker(reference=_one_f_one_b_as_a_sort)

@@ -371,12 +371,12 @@ d_model 8192), weights and cache in 16 bits, every sequence of the batch at a co
 def batched_decode_intensity(
     batch: float,
     n_params: float,
-    n_layers: int,
-    d_model: int,
-    n_kv_heads: int,
-    d_head: int,
-    bytes_per_number: int,
-    context: int,
+    n_layers: float,
+    d_model: float,
+    n_kv_heads: float,
+    d_head: float,
+    bytes_per_number: float,
+    context: float,
 ) -> float:
     """FLOPs per byte read of one decoding step for ``batch`` sequences at ``context`` cached positions each.
 

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 from torch import Tensor, nn
@@ -22,7 +22,12 @@ ANSWER_MARKERS: dict[str, tuple[str, ...]] = {  # exercise label -> strings that
 
 # --------------------------------------------------------------------------- windows with nothing to predict
 
-EMPTY_SETUP = dict(p=0.15, n_positions=15)
+class _EmptySetup(TypedDict):
+    p: float
+    n_positions: int
+
+
+EMPTY_SETUP: _EmptySetup = {"p": 0.15, "n_positions": 15}
 """The prediction's setting: the chapter's windows, 15 characters behind a [CLS], each selected with p = 0.15."""
 
 
