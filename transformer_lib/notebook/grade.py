@@ -1,26 +1,25 @@
 """Grade a class: ``transformer-grade SUBMISSION.ipynb [...] --csv grades.csv [--timeout S] [--memory GB] [-j N]``.
 
-Each submission runs top to bottom in a fresh kernel; the checkers' records come back in the execute replies
-(what a cell prints passes nothing). A row per auto-checked exercise, plus a ``(notebook)`` row when the
-notebook went wrong or was "not graded". Exit status: 0 all graded, 1 some not, 130 Ctrl-C, 2 bad options.
+Each submission runs top to bottom in a fresh kernel; the checkers' records come back in the execute replies (what a
+cell prints passes nothing). A row per auto-checked exercise, plus a ``(notebook)`` row when the notebook went wrong or
+was "not graded". Exit status: 0 all graded, 1 some not, 130 Ctrl-C, 2 bad options.
 
-**Guarantees** (each pinned by ``tests/test_grade_hostile.py``). Each kernel runs under bubblewrap with every
-capability dropped, in new PID, network, IPC and UTS namespaces, as an unprivileged uid (as root: 65533-k for
-worker k): no network, no other process, the system and Python read-only, an empty ``/tmp``, and of the disk
-only a new folder with a copy of its notebook. Killing bubblewrap ends the namespace, so nothing a submission
-starts outlives its row, whatever it does to its parent. From outside, the grader kills the sandbox at
-``--timeout``, or when the proportional memory of all its processes exceeds ``--memory`` (looked at every
-0.2 s: an approximation of a cgroup); each process also has that limit as ``RLIMIT_DATA`` (an allocation
-beyond it fails in the student's cell), and the submission at most 512 processes. A kernel message over 32 MB
-is dropped unread and fails the submission. Kernels' stdout and stderr go nowhere. The ``--csv`` file is
-rewritten whole as each submission finishes, so a killed grader keeps every finished row, and the same
-command grades only what it lacks or what changed. A CSV cell beginning with ``= + - @`` gets a leading
+**Guarantees** (each pinned by ``tests/test_grade_hostile.py``). Each kernel runs under bubblewrap with every capability
+dropped, in new PID, network, IPC and UTS namespaces, as an unprivileged uid (as root: 65533-k for worker k): no
+network, no other process, the system and Python read-only, an empty ``/tmp``, and of the disk only a new folder with a
+copy of its notebook. Killing bubblewrap ends the namespace, so nothing a submission starts outlives its row, whatever
+it does to its parent. From outside, the grader kills the sandbox at ``--timeout``, or when the proportional memory of
+all its processes exceeds ``--memory`` (looked at every 0.2 s: an approximation of a cgroup); each process also has that
+limit as ``RLIMIT_DATA`` (an allocation beyond it fails in the student's cell), and the submission at most 512
+processes. A kernel message over 32 MB is dropped unread and fails the submission. Kernels' stdout and stderr go
+nowhere. The ``--csv`` file is rewritten whole as each submission finishes, so a killed grader keeps every finished row,
+and the same command grades only what it lacks or what changed. A CSV cell beginning with ``= + - @`` gets a leading
 ``'``; feedback is cut at 500 characters. A student is the folders above the notebook below the common one
 (``secA/alice``; ``--student-depth N``: the first N). A non-finite or absurd ``--timeout``/``--memory`` is refused.
 
-**What remains possible.** The checkers run in the student's own kernel, as in nbgrader and otter-grader: a
-notebook can monkeypatch what a checker compares with, or forge records in memory. With ``--no-sandbox`` a
-notebook runs with your permissions (see ``--help``). The book's "Teaching with this book" says more.
+**What remains possible.** The checkers run in the student's own kernel, as in nbgrader and otter-grader: a notebook can
+monkeypatch what a checker compares with, or forge records in memory. With ``--no-sandbox`` a notebook runs with your
+permissions (see ``--help``). The book's "Teaching with this book" says more.
 """
 
 from __future__ import annotations
@@ -47,13 +46,13 @@ from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import astuple, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import nbformat
 import psutil
 import zmq.asyncio
+from jupyter_client import AsyncKernelManager, LocalProvisioner
 from jupyter_client.kernelspec import KernelSpec
-from jupyter_client.manager import AsyncKernelManager
 from nbclient import NotebookClient
 from zmq.utils.monitor import recv_monitor_message
 
@@ -139,8 +138,7 @@ def submissions(paths: Sequence[Path], depth: int | None = None) -> list[Submiss
 
 def chapter_of(nb: Any, path: Path, catalogue: Catalogue) -> tuple[str, str]:
     """The chapter a valid notebook says it is and where: its metadata, else its file name; ("", "") if none."""
-    book = nb.metadata.get("transformer_book")
-    named = book.get("chapter") if isinstance(book, dict) else None
+    named = book.get("chapter") if isinstance(book := nb.metadata.get("transformer_book"), dict) else None
     if isinstance(named, str) and named in catalogue:
         return named, "metadata"
     return next(((c, "file name") for c in sorted(catalogue, key=len, reverse=True) if c in path.stem), ("", ""))
@@ -157,8 +155,8 @@ def sandbox_command(run: Path, uid: int | None, tmp_bytes: int | None) -> list[s
     size = ["--size", str(tmp_bytes)] if tmp_bytes else []
     command += ["--die-with-parent", "--new-session", "--perms", "1777", *size, "--tmpfs", "/tmp"]
     system = [p for p in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc") if os.path.exists(p)]
-    python = [sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable))]
-    python = {os.path.realpath(p) for p in [*python, Path(__file__).parents[1]]}  # the package, not its folder
+    python = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable))}
+    python = {os.path.realpath(p) for p in [*python, str(Path(__file__).parents[1])]}  # the package, not its folder
     mine = sorted(p for p in python if not any(p.startswith(q + "/") for q in [*system, *python]) and p not in system)
     above = {str(a) for p in [*mine, str(run)] for a in Path(p).parents} - {"/", "/tmp"}
     command += [a for p in sorted(above) for a in ("--perms", "0755", "--dir", p)]  # bwrap would make them 0700
@@ -193,7 +191,7 @@ def _memory(pid: int) -> int:
     return total
 
 
-class KernelManager(AsyncKernelManager):  # type: ignore[misc]
+class KernelManager(AsyncKernelManager):
     """One ipykernel, started by ``prefix`` (limits, sandbox); its clients use its zmq context (sizes capped)."""
 
     prefix: list[str] = []
@@ -207,12 +205,12 @@ class KernelManager(AsyncKernelManager):  # type: ignore[misc]
         return super().client(context=self.context, **kw)
 
 
-class GradingClient(NotebookClient):  # type: ignore[misc]
+class GradingClient(NotebookClient):
     """nbclient's client for one submission in folder ``run``, its kernel under prlimit's limits and bubblewrap:
     it keeps each error but no output, the records of each execute reply, and kills the sandbox from outside at
     the deadline, at ``stop``, beyond the memory limit, when zmq dropped a message over 32 MB, or on ``kill``."""
 
-    errors: list[str]  # "code cell 12: NameError: name 'x' is not defined"
+    process: subprocess.Popen[bytes] | None  # the kernel's (prlimit's) once started: LocalProvisioner's, unannotated
 
     def __init__(self, nb: Any, run: Path, settings: Settings) -> None:
         uid, memory = settings.uid if settings.sandbox else None, settings.memory_bytes
@@ -223,13 +221,12 @@ class GradingClient(NotebookClient):  # type: ignore[misc]
         km.prefix = ["prlimit", f"--nproc={MAX_PROCESSES}", *([f"--data={memory}"] if memory else []), "--"]
         km.prefix += sandbox_command(run, settings.uid, memory) if settings.sandbox else []
         km.write_connection_file()  # now, so that the kernel's uid can own it; the launch keeps it
-        for path in (run, run / "c.json") if uid is not None else ():
-            os.chown(path, uid, uid)
+        for path, owner in [(run, uid), (run / "c.json", uid)] if uid is not None else []:
+            os.chown(path, owner, owner)
         run.chmod(0o711)  # bubblewrap's root, without capabilities, must enter it
         super().__init__(nb, km=km, allow_errors=True, resources={"metadata": {"path": str(run)}})
-        self.settings, self.deadline = settings, time.monotonic() + settings.timeout_s
-        self.records, self.errors, self.process, self.reason = [], [], None, ""
-        self.owns_km, self.on_cell_executed = True, self.take_records
+        self.settings, self.deadline, self.reason = settings, time.monotonic() + settings.timeout_s, ""
+        self.got, self.process, self.owns_km, self.on_cell_executed = Run([], []), None, True, self.take_records
 
     def kill(self, reason: str) -> None:
         """Kill the kernel's whole tree (bubblewrap: its PID namespace dies with it) and reap it."""
@@ -244,13 +241,14 @@ class GradingClient(NotebookClient):  # type: ignore[misc]
             number, content = sum(c.cell_type == "code" for c in self.nb.cells[: cell_index + 1]), msg["content"]
             error = f"code cell {number}: {content.get('ename') or 'Error'}: {content.get('evalue', '')}"[:300]
             memory = self.settings.memory_bytes
-            oom = memory and re.search(r"MemoryError|can't allocate memory|out of memory", error, re.IGNORECASE)
-            self.errors.append(error + (f" (the memory limit is {memory / 2**30:g} GB)" if oom else ""))
+            oom = re.search(r"MemoryError|can't allocate memory|out of memory", error, re.IGNORECASE)
+            self.got.errors.append(error + (f" (the memory limit is {memory / 2**30:g} GB)" if memory and oom else ""))
 
     @contextlib.asynccontextmanager
     async def async_setup_kernel(self, **kw: Any) -> AsyncIterator[None]:
         async with super().async_setup_kernel(**kw):
-            self.kc.execute = functools.partial(self.kc.execute, user_expressions={"records": RECORDS})
+            assert self.kc is not None  # set up by now; its execute (replaced) asks for the records every time
+            self.kc.execute = functools.partial(self.kc.execute, user_expressions={"records": RECORDS})  # type: ignore[method-assign]
             channels = (self.kc.shell_channel, self.kc.iopub_channel)
             watchers = [asyncio.ensure_future(w) for w in (self._watch(), *map(self._dropped, channels))]
             try:
@@ -261,7 +259,8 @@ class GradingClient(NotebookClient):  # type: ignore[misc]
                 await asyncio.gather(*watchers, return_exceptions=True)
 
     async def _watch(self) -> None:
-        memory, self.process = self.settings.memory_bytes, self.km.provisioner.process
+        assert self.km is not None and isinstance(self.km.provisioner, LocalProvisioner)  # started (.process: untyped)
+        memory, self.process = self.settings.memory_bytes, cast("subprocess.Popen[bytes]", self.km.provisioner.process)
         while not self.reason:
             if self.settings.stop.is_set():
                 self.kill(NOT_GRADED)
@@ -282,7 +281,7 @@ class GradingClient(NotebookClient):  # type: ignore[misc]
         value = execute_reply["content"].get("user_expressions", {}).get("records", {})
         with contextlib.suppress(ValueError, SyntaxError, TypeError, MemoryError, RecursionError, KeyError):
             records = json.loads(ast.literal_eval(value["data"]["text/plain"]))  # a cell that raised has none
-            self.records = records if isinstance(records, list) else self.records
+            self.got.records = records if isinstance(records, list) else self.got.records
 
 
 def execute(nb: Any, settings: Settings) -> Run:
@@ -303,13 +302,12 @@ def execute(nb: Any, settings: Settings) -> Run:
             atexit.unregister(client._cleanup_kernel)  # nbclient leaves it registered when a start fails
             del nb.cells[cells:]
     timed_out = client.reason.startswith("ran out")
-    return Run(client.records, client.errors, timed_out, "" if timed_out else client.reason or kernel_died)
+    return replace(client.got, timed_out=timed_out, kernel_died="" if timed_out else client.reason or kernel_died)
 
 
 def _short_feedback(texts: list[str]) -> str:
     """Each checker's feedback on one line, without passed cases, repeated hints or the fixes' pointer."""
-    hints: set[str] = set()
-    parts = []
+    hints, parts = set[str](), list[str]()
     for text in texts:
         lines = [line.strip() if i else line for i, line in enumerate(text.splitlines())]
         kept = [x for x in lines if not x.startswith(("✅", "For the fix in code:")) and x not in hints]
@@ -321,7 +319,8 @@ def _short_feedback(texts: list[str]) -> str:
 def grade_run(sub: Submission, exercises: list[Exercise], run: Run, settings: Settings, *chapter: str) -> list[Row]:
     """The rows of one executed submission (``chapter``: the chapter and how it was found): an exercise
     passes when the last call of each of its checkers passed."""
-    who, timeout_s = [sub.student, sub.name, *(chapter or ("", ""))], settings.timeout_s
+    name, how = chapter or ("", "")
+    who, timeout_s = (sub.student, sub.name, name, how), settings.timeout_s
     last = {r["checker"]: r for r in run.records if isinstance(r, dict) and isinstance(r.get("checker"), str)}
     why = f"the notebook ran out of time ({timeout_s:g} s) before" if run.timed_out else ""
     why = why or ("the kernel died before" if run.kernel_died else "")
@@ -360,13 +359,15 @@ def _graded_before(csv_path: Path | None, subs: list[Submission]) -> list[list[R
     held: dict[tuple[str, str], list[Row]] = {}
     with contextlib.suppress(OSError, ValueError, TypeError, csv.Error):
         for r in csv.DictReader(open(csv_path, newline="", encoding="utf-8")) if csv_path else []:
-            row = Row(**{**r, "passed": r["passed"] == "True", "score": int(r["score"]) if r["score"] else None})
+            row = Row(**dict[str, Any](r, passed=r["passed"] == "True", score=int(r["score"]) if r["score"] else None))
             held.setdefault((row.notebook, row.sha256), []).append(row)
     rows = [(sub, held.get((sub.name, sub.sha256()), [])) for sub in subs]
     return [rs if rs and not any(r.not_graded for r in rs) else [_note(sub, UNFINISHED)] for sub, rs in rows]
 
 
-def grade_all(paths: Sequence[Path], settings: Settings, catalogue: Catalogue, jobs: int = 1, out: Path | None = None):
+def grade_all(
+    paths: Sequence[Path], settings: Settings, catalogue: Catalogue, jobs: int = 1, out: Path | None = None
+) -> tuple[list[Row], bool]:
     """Grade every submission, ``jobs`` at a time: the rows in the order of ``paths``, and whether Ctrl-C stopped
     it. The CSV ``out`` is rewritten as each one finishes; what an earlier run graded there, unchanged, is kept."""
     subs, lock, stopped = submissions(paths, settings.depth), threading.Lock(), settings.stop
@@ -401,9 +402,9 @@ def write_csv(rows: Sequence[Row], path: Path | None) -> None:
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(temporary := path.with_name(f".{path.name}.tmp"), "w", newline="", encoding="utf-8") as f:
-            lines = [astuple(replace(r, feedback=r.feedback[:MAX_FEEDBACK])) for r in rows]
+            values = [astuple(replace(r, feedback=r.feedback[:MAX_FEEDBACK])) for r in rows]
             formula = ("=", "+", "-", "@", "\t", "\r")  # what a spreadsheet would run: a ' makes it text
-            lines = [["" if v is None else f"'{v}" if str(v).startswith(formula) else v for v in x] for x in lines]
+            lines = [["" if v is None else f"'{v}" if str(v).startswith(formula) else v for v in x] for x in values]
             csv.writer(f).writerows([COLUMNS, *lines])
         os.replace(temporary, path)
 
