@@ -22,6 +22,7 @@ ANSWER_MARKERS: dict[str, tuple[str, ...]] = {  # exercise label -> strings that
 
 # --------------------------------------------------------------------------- windows with nothing to predict
 
+
 class _EmptySetup(TypedDict):
     p: float
     n_positions: int
