@@ -110,7 +110,7 @@ def _cast_once_for_autocast(*xs: Tensor) -> tuple[Tensor, ...]:
     input of every product anew, so self-attention's q, k and v products would each keep a copy of x for
     the backward pass. Unchanged outside autocast."""
     device = xs[0].device.type
-    if not torch.is_autocast_enabled(device):
+    if not torch.amp.is_autocast_available(device) or not torch.is_autocast_enabled(device):
         return xs
     dtype, casts = torch.get_autocast_dtype(device), dict[int, Tensor]()  # id(x) -> x in dtype
     return tuple(casts.setdefault(id(x), x.to(dtype)) for x in xs)
