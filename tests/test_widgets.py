@@ -34,6 +34,15 @@ from ipywidgets.widgets.widget import _instances  # noqa: E402  (the kernel's wi
 
 from transformer_lib.notebook import plots, widgets  # noqa: E402
 from transformer_lib.notebook.environment import BOOK_ENV  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def no_open_figures():
+    """Each test starts with no pyplot figure open: under pytest-xdist, a worker's earlier test (another
+    file's) may leave one, and these tests count the figures left open."""
+    plt.close("all")
+
+
 from transformer_lib.notebook.plots import LivePlot, plot_history  # noqa: E402
 from transformer_lib.training import History, TrainConfig, Trainer  # noqa: E402
 
