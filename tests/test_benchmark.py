@@ -360,6 +360,7 @@ def test_a_compiled_reference_trains_as_the_eager_one():
     assert compiled.ours_val_loss == pytest.approx(eager.ours_val_loss, rel=1e-6)
 
 
+@pytest.mark.slow  # torch.compile builds kernels
 def test_mean_loss_evaluates_a_model_compiled_in_place_eagerly_and_without_gradients():
     """Evaluation compiles nothing (a compiled block would otherwise be compiled again, for eval mode) and
     records no autograd graph; the loss is the eager model's, and the model goes back to training mode."""

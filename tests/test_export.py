@@ -39,6 +39,7 @@ def exported(request, tmp_path_factory):
     return model, OnnxGPT(path, threads=1)
 
 
+@pytest.mark.slow  # exports three models to ONNX (the fixture): seconds each
 @pytest.mark.parametrize("shape", SHAPES)
 def test_onnx_logits_equal_pytorch_for_any_batch_and_length(exported, shape):
     model, onnx_model = exported
@@ -52,6 +53,7 @@ def test_onnx_logits_equal_pytorch_for_any_batch_and_length(exported, shape):
     torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
 
 
+@pytest.mark.slow  # exports three models to ONNX (the fixture): seconds each
 def test_onnx_file_is_the_logits_only_with_free_batch_and_length(exported):
     model, onnx_model = exported
     assert [o.name for o in onnx_model.session.get_outputs()] == ["logits"]  # no loss
@@ -61,6 +63,7 @@ def test_onnx_file_is_the_logits_only_with_free_batch_and_length(exported):
     assert not torch.equal(onnx_model(ids), onnx_model(ids.flip(-1)))  # the tokens matter
 
 
+@pytest.mark.slow  # exports three models to ONNX (the fixture): seconds each
 def test_onnx_model_rejects_bad_ids_clearly(exported):
     _, onnx_model = exported
     with pytest.raises(ValueError, match=f"longer than the model's context of {BLOCK} tokens"):
@@ -73,6 +76,7 @@ def test_onnx_model_rejects_bad_ids_clearly(exported):
         onnx_model(torch.zeros(4, dtype=torch.long))
 
 
+@pytest.mark.slow  # exports three models to ONNX (the fixture): seconds each
 def test_onnx_model_accepts_other_integer_dtypes(exported):
     _, onnx_model = exported
     ids = torch.randint(0, 37, (2, 5))
