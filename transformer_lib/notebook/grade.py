@@ -115,8 +115,7 @@ class Run:
 
 @dataclass(frozen=True)
 class Settings:
-    """How each submission runs: ``timeout_s`` for the notebook, ``memory_bytes`` for all its processes (None: no
-    limit), under bubblewrap if ``sandbox``, as ``uid`` (root), as ``chapter`` (None: as it says), until ``stop``."""
+    """How each submission runs (``memory_bytes``: all its processes', None for no limit; ``uid``: as root)."""
 
     timeout_s: float = 600.0
     memory_bytes: int | None = 8 * 2**30
@@ -221,8 +220,9 @@ class GradingClient(NotebookClient):
         km.prefix = ["prlimit", f"--nproc={MAX_PROCESSES}", *([f"--data={memory}"] if memory else []), "--"]
         km.prefix += sandbox_command(run, settings.uid, memory) if settings.sandbox else []
         km.write_connection_file()  # now, so that the kernel's uid can own it; the launch keeps it
-        for path, owner in [(run, uid), (run / "c.json", uid)] if uid is not None else []:
-            os.chown(path, owner, owner)
+        for p, owner in [(run, uid), (run / "c.json", uid), (run / "submission.ipynb", uid)] if uid is not None else []:
+            os.chown(p, owner, owner)
+        (run / "submission.ipynb").chmod(0o600)  # the folder is open to enter (0711), not the copy to read
         run.chmod(0o711)  # bubblewrap's root, without capabilities, must enter it
         super().__init__(nb, km=km, allow_errors=True, resources={"metadata": {"path": str(run)}})
         self.settings, self.deadline, self.reason = settings, time.monotonic() + settings.timeout_s, ""
