@@ -72,7 +72,7 @@ def test_m1_a_300_mb_message_fails_the_submission_not_the_grader(tmp_path):
                           text=True, timeout=300)  # fmt: skip
     peak_mb, feedback = done.stdout.split(maxsplit=1)
     assert "message over 32 MB" in feedback, done.stdout + done.stderr
-    assert int(peak_mb) < 600, f"the grader reached {peak_mb} MB"  # it reached 2.47 GiB before
+    assert int(peak_mb) < 1000, f"the grader reached {peak_mb} MB"  # the issue: under 1 GB (2.47 GiB before)
 
 
 def test_m2_children_together_are_held_to_the_memory_limit(tmp_path):

@@ -89,10 +89,11 @@ def _side_by_side(
         for future in as_completed(futures):
             yield futures[future], future.result()
     except BaseException:
-        pool.shutdown(wait=False, cancel_futures=True)
         for process in set(multiprocessing.active_children()) - before:  # the workers this call forked
             process.kill()
             process.join()
+        # processes: the pool, broken, ends any worker left; threads: those running finish in the background
+        pool.shutdown(wait=isinstance(pool, ProcessPoolExecutor), cancel_futures=True)
         raise
     finally:
         _JOB = None
