@@ -9,33 +9,16 @@ checkers in :data:`REGISTRY`; this package exports them all. :mod:`.catalogue` l
 exercises; CONTRIBUTING.md ("Writing a checker") shows how to add one.
 """
 
+import importlib
+import pkgutil
 from typing import Any
 
-from . import (  # each chapter module registers its checkers
-    ch01_attention,
-    ch02_masking,
-    ch03_multi_head_attention,
-    ch04_positional_encoding,
-    ch05_norms_and_residuals,
-    ch06_encoder_decoder,
-    ch07_decoder_only,
-    ch08_training_at_scale,
-    ch09_inference_and_deployment,
-    ch10_encoder_only,
-)
 from ._framework import REGISTRY, Bug, Checker, CheckResult, Hint, bug_table, checker
 
-CHAPTER_MODULES = (
-    ch01_attention,
-    ch02_masking,
-    ch03_multi_head_attention,
-    ch04_positional_encoding,
-    ch05_norms_and_residuals,
-    ch06_encoder_decoder,
-    ch07_decoder_only,
-    ch08_training_at_scale,
-    ch09_inference_and_deployment,
-    ch10_encoder_only,
+#: The chapter modules (``chNN_*``), in chapter order; importing each registers its checkers.
+CHAPTER_MODULES = tuple(
+    importlib.import_module(f"{__name__}.{name}")
+    for name in sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name.startswith("ch"))
 )
 CHECKERS: dict[str, Any] = {name: check for checks in REGISTRY.values() for name, check in checks.items()}
 """Every chapter's public checker by name, from :data:`REGISTRY`."""
