@@ -2,7 +2,7 @@
 
 In the book build ``explore`` draws every combination of its controls' values once, as a PNG. Drawing is
 matplotlib's layout and PNG encoding, on one core; on Linux ``explore`` draws the pictures in forked
-processes, one per core (``widgets._pictures``, ``_forked.map_in_processes``). This script draws
+processes, one per core (``widgets._pictures``, ``runs.map_in_processes``). This script draws
 ``--frames`` pictures shaped like chapter 6's training frames (a loss curve and two cross-attention maps
 labelled character by character) both ways, alternating, ``--repeats`` times each, and checks that the
 pictures are the same bytes. The last line reads

@@ -28,12 +28,9 @@ def init_distributed(device: str | torch.device | None = None) -> torch.device:
     Defined in chapter 8, Training at scale.
     """
     chosen = torch.device(device) if device is not None else get_device()
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or (dist.is_available() and dist.is_initialized()):
-        if dist.is_available() and dist.is_initialized() and chosen.type == "cuda":
-            chosen = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        return chosen
-    if chosen.type == "cuda":
-        chosen = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    if chosen.type == "cuda" and "LOCAL_RANK" in os.environ:  # one GPU per process
+        chosen = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
         torch.cuda.set_device(chosen)
-    dist.init_process_group(backend="nccl" if chosen.type == "cuda" else "gloo")
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not (dist.is_available() and dist.is_initialized()):
+        dist.init_process_group(backend="nccl" if chosen.type == "cuda" else "gloo")
     return chosen

@@ -79,7 +79,7 @@ class TensorParallelFeedForward(nn.Module):
             if not (dist.is_available() and dist.is_initialized()):
                 raise RuntimeError(
                     f"a shard of a network split over {self.world_size} processes needs torch.distributed: "
-                    f"launch with torchrun and call transformer_lib.training.init_distributed()"
+                    f"launch with torchrun and call transformer_lib.distributed.init_distributed()"
                 )
             # Megatron's f (identity forward, all-reduce backward: x feeds every shard), then g (the reverse)
             out = _SumOverProcesses.apply(self.partial(_CopyToProcesses.apply(x)))
