@@ -37,7 +37,7 @@ STAMP := $(VENV)/.installed
 QUIET_PIP := { grep -v "is ignored: it is neither a file nor a directory" || true; }
 
 .PHONY: help setup book lint format test test-fast test-floor test-lib browser sandbox student colab grade nbgrader lock \
-	busy-check fp32-check avx2-check reseed-check clean distclean
+	busy-check fp32-check avx2-check reseed-check evidence clean distclean
 .DEFAULT_GOAL := help
 
 # Each target's line ends with `## what it does`; `make help` prints those.
@@ -182,6 +182,12 @@ reseed-check: setup  ## every chapter with other seeds (each seed plus 3 random 
 	status=0; for k in $(RESEEDS); do \
 	  $(BIN)/python scripts/execute_chapters.py --reseed $$k --allow-errors --out _build/checks/reseed-$$k || status=1; \
 	done; exit $$status
+
+# The evidence appendix (book/evidence.ipynb) reads book/evidence/<chapter>.json: each chapter executed five
+# times (as built, fp32, three seed shifts), every glued value and claim recorded. Rerun a chapter's sweep
+# after changing its code (tests/test_evidence.py fails until then) and commit the file.
+evidence: setup  ## sweep chapters for the evidence appendix: CHAPTERS="5 7" (default: all that claim)
+	$(BIN)/python scripts/evidence.py $(if $(CHAPTERS),$(CHAPTERS),--all)
 
 clean:  ## the build outputs (_build)
 	rm -rf _build

@@ -10,7 +10,8 @@ and Jupyter render:
 - ``{cite:t}`key``` becomes "Vaswani et al. (2017)" and ``{cite:p}`key``` "(Vaswani et al., 2017)",
   linked to the book's bibliography page; ``{term}`` links to the glossary entry and ``{ref}`` to the
   labelled section or exercise, all in the HTML book at ``html: baseurl`` of ``_config.yml``;
-- ``(label)=`` targets are dropped.
+- ``(label)=`` targets are dropped;
+- ``{glue:text}`name:.3f``` becomes the book's value in bold, from the chapter's sweep (``book/evidence/``).
 
 The first code cell installs the library from the one source in ``_config.yml``
 (``colab_install``) on Colab, or wherever ``transformer_lib`` is missing; the next one prints the
@@ -60,7 +61,8 @@ BANNER = """\
 solutions removed. Write your code where a cell says `# your code here` (or fix the code a
 *Spot the bug* exercise gives you), run it, then run the checker cell under it: the checker
 says which hidden case fails and gives a hint, or "not answered yet". The explanations, figures
-and solutions are in [the chapter in the book]({page})."""
+and solutions are in [the chapter in the book]({page}). Numbers in bold in the text are the
+book's run; your run prints its own above them, and may differ a little."""
 
 
 def book_url(root: Path = ROOT) -> str:
@@ -135,6 +137,7 @@ class Converter:
         self.labels = label_index(root)
         self.terms = glossary_terms(root)
         self.numbers: dict[str, str] = {}  # exercise label -> "3.2", set per chapter
+        self.glued: dict[str, object] = {}  # glued name -> the book's value (its sweep's first run), per chapter
 
     def cite(self, keys: str, parenthetical: bool) -> str:
         links = []
@@ -161,7 +164,14 @@ class Converter:
         page, title = self.labels[label]
         return f"[{text or title}]({self.book}{page}#{label})"
 
+    def glue(self, content: str) -> str:
+        name, _, spec = content.partition(":")
+        if name not in self.glued:
+            raise SystemExit(f"{{glue}} {name!r} is not in this chapter's sweep: run make evidence, then this")
+        return f"**{format(self.glued[name], spec)}**"
+
     def roles(self, text: str) -> str:
+        text = re.sub(r"\{glue(?::text)?\}`([^`]+)`", lambda m: self.glue(m.group(1)), text)
         text = re.sub(r"\{cite:t\}`([^`]+)`", lambda m: self.cite(m.group(1), parenthetical=False), text)
         text = re.sub(r"\{cite:p\}`([^`]+)`", lambda m: self.cite(m.group(1), parenthetical=True), text)
         text = re.sub(r"\{cite\}`([^`]+)`", lambda m: self.cite(m.group(1), parenthetical=True), text)
@@ -218,6 +228,9 @@ def colab_copy(path: Path, converter: Converter, requirement: str) -> nbformat.N
     """The Colab notebook of the chapter at ``path``."""
     nb = nbformat.read(path, as_version=4)
     converter.numbers = {e.label: e.number for e in exercises_of(nb.cells, chapter_number(path.name))}
+    sweep = path.parent.parent / "book" / "evidence" / f"{path.stem}.json"
+    runs = json.loads(sweep.read_text(encoding="utf-8"))["runs"] if sweep.exists() else [{"records": {}}]
+    converter.glued = {name: r["value"] for name, r in runs[0]["records"].items()}
     out = student_copy(nb)
     out.cells = [c for c in out.cells if c.get("id") != "student-banner"]  # make_student's banner: ours below
     first_code = True

@@ -3,6 +3,7 @@
 Nothing in the core (``transformer_lib.*`` outside this package) imports from here.
 
 - ``environment``: ``setup_chapter`` (every chapter's first cell), ``in_book_build``
+- ``evidence``: ``glue`` and ``claim``, a run's numbers and checked claims for the prose and the evidence appendix
 - ``exercises``: the exercise checkers, one module per chapter (``check_softmax``, ...), and their catalogue
 - ``grade``: the classroom grader, ``transformer-grade`` (each notebook in a bubblewrap sandbox, results read
   from the kernel's execute replies)

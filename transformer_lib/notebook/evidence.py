@@ -1,0 +1,95 @@
+"""What a chapter says about its own run: numbers and verdicts glued into the prose, and claims checked.
+
+:func:`glue` hands a value to the chapter's text, where ``{glue:text}`name``` (or ``name:.3f``) prints
+it in the HTML book (myst-nb's glue: the same display data, no myst-nb needed in the kernel), and the
+student copies print the book's value (``scripts/make_colab.py``). :func:`claim` is an assert on a
+trained or timed number that is glued too. While ``make evidence`` sweeps a chapter (seeds shifted, fp32
+and the machine's precision), every glued value and every claim, held or not, is appended to the file
+named by ``TRANSFORMER_BOOK_EVIDENCE``; the book's evidence appendix reads the sweeps.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+
+from IPython.display import display
+
+EVIDENCE_ENV = "TRANSFORMER_BOOK_EVIDENCE"
+
+
+class Text(str):
+    """A glued word: its ``repr`` is the word, so ``{glue:text}`` prints it without quotes."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def glue(name: str, value: float | int | str) -> float | int | str:
+    """Give ``value`` (a number, or a word such as a verdict) to the prose under ``name``; return it."""
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"name must be a non-empty str, got {name!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise TypeError(f"value must be a number or a str, got {type(value).__name__}")
+    _display(name, value)
+    _record({"name": name, "value": value})
+    return value
+
+
+def claim(name: str, value: float, *, above: float | None = None, below: float | None = None) -> float:
+    """Assert ``above < value < below`` (either bound may be left out) about this run, glue ``value`` under
+    ``name`` and record it, held or not; return ``value``. The bounds are the claim's margin: the appendix
+    sets them beside the values every run of the sweep gave."""
+    if above is None and below is None:
+        raise ValueError(f"claim {name!r} needs a bound: above=, below= or both")
+    value = float(value)
+    held = math.isfinite(value) and (above is None or value > above) and (below is None or value < below)
+    _display(name, value)
+    _record({"name": name, "value": value, "above": above, "below": below, "held": held, "claim": True})
+    if not held:
+        bounds = " and ".join(f"{word} {b:g}" for word, b in (("above", above), ("below", below)) if b is not None)
+        raise AssertionError(f"claim {name}: {value:.4g} is not {bounds} in this run")
+    return value
+
+
+def _display(name: str, value: float | int | str) -> None:
+    """What ``myst_nb.glue(name, value, display=False)`` displays: the value's text, hidden, named."""
+    shown = Text(value) if isinstance(value, str) else value
+    metadata = {"scrapbook": {"name": name, "mime_prefix": "application/papermill.record/"}}
+    display({"application/papermill.record/text/plain": repr(shown)}, raw=True, metadata=metadata)
+
+
+def _record(entry: dict) -> None:
+    path = os.environ.get(EVIDENCE_ENV)
+    if path:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(entry) + "\n")
+
+
+def sweep_table(record: dict) -> str:
+    """One chapter's sweep (a ``book/evidence/*.json`` record) as an HTML table: per claim, the book's run,
+    the least, median and largest value over the sweep, the margin its assert uses, and the runs it held in.
+    """
+    runs = record["runs"]
+    names = sorted({n for run in runs for n, r in run["records"].items() if r.get("claim")})
+    rows = []
+    for name in names:
+        entries = [run["records"][name] for run in runs if name in run["records"]]
+        values = sorted(e["value"] for e in entries)
+        margin = " and ".join(f"{w} {e:g}" for w, e in (("&gt;", entries[0]["above"]), ("&lt;", entries[0]["below"]))
+                              if e is not None)  # fmt: skip
+        first = runs[0]["records"].get(name, {}).get("value", float("nan"))
+        spread = (first, values[0], statistics.median(values), values[-1])
+        held = f"{sum(e['held'] for e in entries)} of {len(runs)}"
+        cells = [f"<code>{name}</code>", *(f"{v:.4g}" for v in spread), margin, held]
+        rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    head = ["claim", "book's run", "least", "median", "largest", "asserted", "held in"]
+    m = record["machine"]
+    sweep = "; ".join(f"seeds +{r['seed_shift']} {r['precision']} ({r['seconds']:.0f} s)" for r in runs)
+    return (
+        f"<p>{len(names)} claims, {len(runs)} runs ({sweep}) on {m['cores']} cores of {m['cpu']} ({m['capability']}, "
+        f"native {m['native']}, torch {m['torch']}), {record['date']}, commit {record['commit']}.</p>"
+        "<table><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>" + "".join(rows) + "</table>"
+    )
