@@ -88,7 +88,6 @@ class Hint:
 
 
 def _as_hint(hint: str | Hint) -> Hint:
-    """``hint`` as a :class:`Hint`: a plain ``str`` is a concept without a fix."""
     if isinstance(hint, Hint):
         return hint
     if isinstance(hint, str):
@@ -111,8 +110,17 @@ def bug_table(table: Mapping[str, str | Hint], wrong: Callable[..., Any], /, *ar
 
 
 def two_bugs(first: Hint, second: Hint) -> Hint:
-    """The hint for two bugs at once, from the hints of each (concepts written without their final period)."""
-    return Hint(f"Two bugs: {first.concept}; and {second.concept}.", f"{first.fix}; and {second.fix}.")
+    """The hint for two bugs at once, from the hint of each."""
+
+    def both(a: str, b: str) -> str:
+        return f"{a.rstrip('.')}; and {b.rstrip('.')}."
+
+    return Hint("Two bugs: " + both(first.concept, second.concept), both(first.fix, second.fix))
+
+
+def same_fix(fix: str, concepts: Mapping[Any, str]) -> dict[Any, Hint]:
+    """``{bug: Hint(concept, fix)}``: a table of mistakes whose fix is one and the same."""
+    return {bug: Hint(concept, fix) for bug, concept in concepts.items()}
 
 
 # ---------------------------------------------------------------- comparing a result with the expected one
@@ -126,8 +134,7 @@ def _describe(x: Any) -> str:
     return f"{type(x).__name__}"
 
 
-def _both_ints(a: Any, b: Any) -> bool:
-    """Both are integers (a NumPy integer counts as an int; a bool does not)."""
+def _both_ints(a: Any, b: Any) -> bool:  # a NumPy integer counts as an int; a bool does not
     return all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in (a, b))
 
 
@@ -139,7 +146,6 @@ def _is_real(x: Any) -> bool:
 
 
 def _short(x: Any, limit: int = 120) -> str:
-    """``repr(x)``, cut to ``limit`` characters."""
     text = repr(x)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
@@ -210,20 +216,17 @@ def _tensor_difference(got: Tensor, expected: Tensor, atol: float) -> str | None
 
 
 def _map_tensors(f: Callable[[Tensor], Tensor], x: Any) -> Any:
-    """``x`` with ``f`` applied to every tensor, also inside tuples."""
     if isinstance(x, tuple):
         return tuple(_map_tensors(f, t) for t in x)
     return f(x) if isinstance(x, Tensor) else x
 
 
 def _nan_to_zero(x: Any) -> Any:
-    """``x`` with NaN read as 0 in every floating tensor, also inside tuples."""
     inf = float("inf")
     return _map_tensors(lambda t: t.nan_to_num(0.0, posinf=inf, neginf=-inf) if t.is_floating_point() else t, x)
 
 
 def _independent_copy(x: Any) -> Any:
-    """``x`` with every tensor (also inside tuples) cloned and detached: nothing else can change it."""
     return _map_tensors(lambda t: t.detach().clone(), x)
 
 
@@ -240,10 +243,7 @@ def _tensor_change(before: Tensor, after: Tensor) -> str | None:
 
 
 def _in_place_change(name: str, before: Any, after: Any) -> tuple[str, str] | None:
-    """``(where, what)`` for the first part of the input ``name`` that the answer changed, or None.
-
-    ``before`` is the checker's own input, ``after`` the copy the answer received.
-    """
+    """``(where, what)`` for the first part of the input ``name`` that the answer changed (in its copy ``after``)."""
     if isinstance(before, Tensor):
         what = _tensor_change(before, after) if isinstance(after, Tensor) else "it is no longer a tensor"
         return (name, what) if what else None
@@ -423,17 +423,15 @@ def _hint_of_matching_bugs(got: Any, expected: Any, bugs: tuple[Bug, ...], atol:
 
 
 def _as_bugs(bugs: Iterable[Bug] | Mapping[Any, str | Hint], expected: Any) -> tuple[Bug, ...]:
-    """``bugs`` as :class:`Bug` objects: a mapping ``{wrong value: hint}`` (a prediction's classic wrong numbers,
-    compared as floats when the expected value is one) gives one each."""
+    """``bugs`` as :class:`Bug` objects: a prediction's ``{wrong value: hint}`` (floats if ``expected`` is one)."""
     if not isinstance(bugs, Mapping):
         return tuple(bugs)
     as_float = isinstance(expected, float)
-    return tuple(Bug(_constant(float(v) if as_float else v), hint) for v, hint in bugs.items())
+    return tuple(Bug(functools.partial(_identity, float(v) if as_float else v), h) for v, h in bugs.items())
 
 
-def _constant(value: Any) -> Callable[[], Any]:
-    """A function that returns ``value``: a bug whose wrong answer is a number given in advance."""
-    return lambda: value
+def _identity(value: Any) -> Any:
+    return value
 
 
 def _profiled(codes: dict[CodeType, str], called: set[str], call: Callable[[], Any]) -> Any:
@@ -623,11 +621,6 @@ def _normalised(code: CodeType) -> CodeType:
 def _compiled(source: str) -> CodeType:
     """``source`` (a notebook cell) compiled as a module, without this file's ``from __future__`` imports."""
     return compile(source, "<cell>", "exec", dont_inherit=True)
-
-
-def same_code(source: str, other: str) -> bool:
-    """Whether two cells' sources are the same code: they may differ in whitespace and comments only."""
-    return _normalised(_compiled(source)) == _normalised(_compiled(other))
 
 
 def _methods(namespace: Mapping[str, Any]) -> dict[str, CodeType]:
