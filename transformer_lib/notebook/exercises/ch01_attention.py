@@ -35,7 +35,7 @@ def softmax(scores):
 
 
 def _wrong_softmax(x: Tensor, *, bug: str) -> Tensor:
-    """The snippet's softmax with some of its bugs (:data:`_SOFTMAX_BUGS`); NaN as 0, as the case runner reads it."""
+    """The snippet's softmax with a bug of :data:`_SOFTMAX_BUGS`, NaN read as 0 (as the case runner does)."""
     if bug == "no max":
         e = x.exp()
     elif bug.startswith("whole max"):
@@ -54,21 +54,19 @@ def _wrong_softmax(x: Tensor, *, bug: str) -> Tensor:
 _SCALED = "reread 'Scaled dot-product attention': the softmax runs over each row"
 _AXIS = Hint(
     "the sum runs over axis 0, which fits scores stored one example per column: each COLUMN sums to 1, while "
-    f"each query's weights over the keys, the last axis, must sum to 1 ({_SCALED})",
+    f"each query's weights over the keys, the last axis, must sum to 1 ({_SCALED}).",
     "sum over the last axis, keeping it: e.sum(dim=-1, keepdim=True)",
 )
 _EVERYTHING = Hint(
-    f"the sum adds every entry of the tensor, so all the weights together sum to 1; each row must sum to 1 ({_SCALED})",
+    f"the sum adds every entry of the tensor, so all the weights together sum to 1; each row must ({_SCALED}).",
     "e.sum(dim=-1, keepdim=True)",
 )
 _MAXIMUM = Hint(
     "the maximum you subtract is the maximum of the WHOLE tensor: a row far below it underflows to exp(...) = 0 "
     "everywhere, and 0 / 0 is NaN. Each row needs a constant of its own (reread 'The dot product as similarity': "
-    "a softmax is unchanged by a constant added to a whole row)",
+    "a softmax is unchanged by a constant added to a whole row).",
     "subtract each row's own maximum, scores.max(dim=-1, keepdim=True).values",
 )
-
-
 _SOFTMAX_BUGS = {  # bug -> hint, for _wrong_softmax(..., bug=bug): the snippet's two bugs, alone and together
     "no max": Hint(
         "exp of a large score overflows to inf, and inf / inf is NaN. A softmax is unchanged by adding the same "
@@ -76,10 +74,10 @@ _SOFTMAX_BUGS = {  # bug -> hint, for _wrong_softmax(..., bug=bug): the snippet'
         "subtract each row's maximum first: scores - scores.max(dim=-1, keepdim=True).values",
     ),
     "whole max, axis 0": two_bugs(_AXIS, _MAXIMUM),
-    "whole max": Hint(_MAXIMUM.concept + ".", _MAXIMUM.fix),
+    "whole max": _MAXIMUM,
     "whole max, all": two_bugs(_EVERYTHING, _MAXIMUM),
-    "axis 0": Hint(_AXIS.concept + ".", _AXIS.fix),
-    "all": Hint(_EVERYTHING.concept + ".", _EVERYTHING.fix),
+    "axis 0": _AXIS,
+    "all": _EVERYTHING,
     "no keepdim": Hint(
         "the row sums lost their axis: of shape (..., T_q), they broadcast along the LAST axis, so key j is "
         "divided by row j's sum instead of its own row's.",
@@ -138,14 +136,9 @@ SCORE_STD_SETUP = {"d_model": 64, "d_k": 16}
 
 
 def score_std(d_model: int, d_k: int, x_std: float = 1.0, w_std: float = 1.0) -> float:
-    """The standard deviation of the scaled score (x W_q)·(x' W_k) / sqrt(d_k) of two independent inputs.
-
-    An entry of q = x W_q is a sum of d_model products x_m w_m of independent terms: its variance is
-    d_model x_std² w_std², and the same holds for k. Given x and x', the d_k products q_i k_i are independent
-    (W_q and W_k are), so the score's variance is d_k (d_model x_std² w_std²)², and the scale divides it by d_k.
-    """
-    entry_variance = d_model * x_std**2 * w_std**2  # of one entry of q (and of k)
-    return math.sqrt(d_k * entry_variance**2 / d_k)
+    """The standard deviation of the scaled score (x W_q)·(x' W_k) / sqrt(d_k) of two independent inputs."""
+    entry_variance = d_model * x_std**2 * w_std**2  # of one entry of q (and of k): a sum of d_model products
+    return math.sqrt(d_k * entry_variance**2 / d_k)  # d_k independent products q_i k_i, then the scale
 
 
 @checker(answer="value", reference=score_std(**SCORE_STD_SETUP))  # measured in test_exercises_ch01.py
@@ -196,7 +189,6 @@ def reference_distance_attention(q: Tensor, k: Tensor, v: Tensor, temperature: f
 def _wrong_distance_attention(
     q: Tensor, k: Tensor, v: Tensor, temperature: float, *, bug: str
 ) -> tuple[Tensor, Tensor]:
-    """Attention by distance with a bug of :data:`_DISTANCE_BUGS`."""
     d2 = _squared_distances(q, k)
     scores = {
         "farthest": lambda: d2 / temperature,
@@ -247,8 +239,7 @@ _PACKAGE_DIRS = (Path(torch.__file__).resolve().parent, Path(__file__).resolve()
 
 
 def _raised_on_dot_T(error: BaseException) -> bool:
-    """Whether the answer's line that raised ``error`` (the last frame outside torch and the checkers, notebook
-    cells included: IPython registers them with ``linecache``) uses ``.T`` (``k.T``, ``x.T @ y``)."""
+    """Whether the answer's line that raised ``error`` (its last frame outside torch and the checkers) uses ``.T``."""
     frames = traceback.extract_tb(error.__traceback__)
     answer = (f for f in reversed(frames) if not any(d in Path(f.filename).resolve().parents for d in _PACKAGE_DIRS))
     line = next((f.line or "" for f in answer), "")
@@ -256,7 +247,6 @@ def _raised_on_dot_T(error: BaseException) -> bool:
 
 
 def _distance_error_hint(error: BaseException) -> Hint:
-    """The ``k.T`` hint for the error ``k.T`` causes on batched keys; else a reminder of the shapes."""
     if _raised_on_dot_T(error) or re.search(r"`?x\.T`? on tensors", str(error)):
         return Hint(
             "k.T reverses ALL the axes of a batched k, not only the last two (reread 'Build it by hand, then check').",
