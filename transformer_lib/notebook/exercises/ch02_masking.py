@@ -36,60 +36,48 @@ _PADDING = "reread 'Padding masks: batches of different lengths'"
 
 
 _KEYS = "(tokens != pad_id)[:, None, None, :], shape (B, 1, 1, T)"
-_CAUSAL_PARTS = {  # a wrong causal part, (T, T): what is wrong with it
+_PARTS = {  # a wrong causal part (T, T) or padding part (broadcastable to (B, 1, T, T)): what is wrong with it
     "future": Hint(
         "the causal part is True on the FUTURE keys, the convention of nn.MultiheadAttention and "
-        f"nn.Transformer, where True means blocked; here True means 'may attend' ({_PITFALL})",
-        "the lower triangle, torch.tril(torch.ones(T, T, dtype=torch.bool)) (or ~ of the triu)",
+        f"nn.Transformer, where True means blocked; here True means 'may attend' ({_PITFALL}).",
+        "the lower triangle, torch.tril(torch.ones(T, T, dtype=torch.bool)) (or ~ of the triu).",
     ),
     "strict": Hint(
-        "the diagonal is masked, yet a position may attend to itself: key j is allowed for j <= i",
-        "torch.tril with diagonal=0",
+        "the diagonal is masked, yet a position may attend to itself: key j is allowed for j <= i.",
+        "torch.tril with diagonal=0.",
     ),
-}
-_PADDING_PARTS = {  # a wrong padding part, broadcastable to (B, 1, T, T): what is wrong with it
     "queries": Hint(
         "the padding is on the QUERY axis, (B, 1, T, 1): that empties the rows of the padding positions, "
-        f"which nobody needs, and hides no padding from the real queries ({_PADDING})",
-        f"hide the padding as KEYS, from every query: {_KEYS}",
+        f"which nobody needs, and hides no padding from the real queries ({_PADDING}).",
+        f"hide the padding as KEYS, from every query: {_KEYS}.",
     ),
     "both": Hint(
         "you hide the padding queries as well as the padding keys: the emptied rows are NaN with a plain "
-        "softmax (reread 'Fully masked rows: NaN, or zeros')",
-        f"hide the keys only: {_KEYS}",
+        "softmax (reread 'Fully masked rows: NaN, or zeros').",
+        f"hide the keys only: {_KEYS}.",
     ),
     "inverted": Hint(
-        "the padding part is inverted: it lets the queries see the padding and hides the real tokens",
-        "tokens != pad_id marks the real tokens, which may be attended to",
+        "the padding part is inverted: it lets the queries see the padding and hides the real tokens.",
+        "tokens != pad_id marks the real tokens, which may be attended to.",
     ),
-    "none": Hint(f"the padding keys are not hidden ({_PADDING})", f"AND the causal part with {_KEYS}"),
+    "none": Hint(f"the padding keys are not hidden ({_PADDING}).", f"AND the causal part with {_KEYS}."),
 }
-
-
-def _one_or_two(causal: Hint | None, padding: Hint | None) -> Hint:
-    if causal and padding:
-        return two_bugs(causal, padding)
-    hint = causal or padding
-    assert hint is not None
-    return Hint(hint.concept + ".", hint.fix + ".")
-
-
+_NO_HEAD_AXIS = Hint(
+    "right values, but shape (B, T, T) does not broadcast over the heads: the mask needs a head axis.",
+    "add the head axis, (B, 1, T, T): mask[:, None].",
+)
 _DECODER_MASK_BUGS = {  # "causal + padding" -> hint, for _decoder_mask(..., bug=bug): every wrong combination
-    " + ".join(filter(None, (causal, padding))): _one_or_two(_CAUSAL_PARTS.get(causal), _PADDING_PARTS.get(padding))
-    for causal in ("", *_CAUSAL_PARTS)
-    for padding in ("", *_PADDING_PARTS)
+    f"{causal} + {padding}".strip(" +"): two_bugs(_PARTS[causal], _PARTS[padding])
+    if causal and padding
+    else _PARTS[causal or padding]
+    for causal in ("", "future", "strict")
+    for padding in ("", "queries", "both", "inverted", "none")
     if causal or padding
-} | {
-    "no head axis": Hint(
-        "right values, but shape (B, T, T) does not broadcast over the heads: the mask needs a head axis.",
-        "keep the head axis, (B, 1, T, T): mask[:, None].",
-    )
-}
+} | {"no head axis": _NO_HEAD_AXIS}
 
 
 def _decoder_mask(tokens: Tensor, pad_id: int, *, bug: str = "") -> Tensor:
-    """The mask by hand (the checker refuses the library's masks), or with a bug of :data:`_DECODER_MASK_BUGS`.
-    Shapes: tokens (B, T) -> (B, 1, T, T), or (B, T, T) for "no head axis"."""
+    """The mask by hand (the checker refuses the library's masks), or with a bug of :data:`_DECODER_MASK_BUGS`."""
     T, real = tokens.shape[1], tokens != pad_id  # real: (B, T)
     ones, parts = torch.ones(T, T, dtype=torch.bool), bug.split(" + ")
     causal = ones.triu(diagonal=1) if "future" in parts else ones.tril(diagonal=-1 if "strict" in parts else 0)
@@ -106,9 +94,8 @@ def _decoder_mask(tokens: Tensor, pad_id: int, *, bug: str = "") -> Tensor:
 
 @checker(starter=DECODER_MASK_STARTER, reference=_decoder_mask)
 def check_decoder_mask(c: Checker, decoder_mask: Callable[[Tensor, int], Tensor]) -> None:
-    """Check ``decoder_mask(tokens, pad_id) -> (B, 1, T, T)`` boolean: True where query i may attend to key j,
-    that is j <= i and token j is not padding, built without the library's masks (which hold the answer).
-    Shapes: tokens (B, T) -> (B, 1, T, T)."""
+    """Check ``decoder_mask(tokens, pad_id)``, boolean, True where query i may attend to key j (j <= i and token j
+    not padding), built without the library's masks. Shapes: tokens (B, T) -> (B, 1, T, T)."""
     cases = (
         ("no padding: one sequence of 4 tokens", torch.tensor([[5, 6, 7, 8]]), 0),
         ("right padding, pad_id=0", torch.tensor([[5, 6, 7, 0, 0], [8, 9, 3, 4, 1]]), 0),
@@ -147,7 +134,7 @@ prefix_lm_mask(7, 4) instead of the causal mask."""
 
 
 def cheating_positions(T_in: int, prefix_len: int) -> int:
-    """The positions t whose target, input token t + 1, the prefix-LM mask lets query t attend to."""
+    """How many queries t the prefix-LM mask lets attend to their target, input token t + 1."""
     mask = prefix_lm_mask(T_in, prefix_len)
     return sum(bool(mask[t, t + 1]) for t in range(T_in - 1))  # the last target is not among the inputs
 
@@ -191,7 +178,6 @@ def reference_packed_mask(doc_ids: Tensor) -> Tensor:
 
 
 def _wrong_packed_mask(doc_ids: Tensor, *, bug: str) -> Tensor:
-    """A packed mask with a bug of :data:`_PACKED_BUGS`. Shapes: doc_ids (B, T) -> (B, 1, T, T) or (B, T, T)."""
     if bug == "inverted":
         return ~reference_packed_mask(doc_ids)
     if bug == "no head axis":
@@ -217,10 +203,7 @@ _PACKED_BUGS = {  # bug -> hint, for _wrong_packed_mask(..., bug=bug)
         "(reread 'Combining masks').",
         f"AND it with a same-document mask, {_SAME_DOCUMENT}.",
     ),
-    "no head axis": Hint(
-        "right values, but shape (B, T, T) does not broadcast over the heads: the mask needs a head axis.",
-        "add the head axis, mask[:, None].",
-    ),
+    "no head axis": _NO_HEAD_AXIS,
 }
 
 
@@ -228,9 +211,8 @@ _PACKED_BUGS = {  # bug -> hint, for _wrong_packed_mask(..., bug=bug)
     reference=lambda doc_ids: causal_mask(doc_ids.shape[1]) & (doc_ids[:, :, None] == doc_ids[:, None, :])[:, None]
 )
 def check_packed_mask(c: Checker, packed_mask: Callable[[Tensor], Tensor]) -> None:
-    """Check ``packed_mask(doc_ids) -> (B, 1, T, T)`` boolean: True where query i may attend to key j, that is
-    j <= i and positions i and j belong to the same document (``doc_ids[b, i] == doc_ids[b, j]``).
-    Shapes: doc_ids (B, T) integer ids, each document a contiguous run -> (B, 1, T, T)."""
+    """Check ``packed_mask(doc_ids)``, boolean, True where query i may attend to key j (j <= i, both in the same
+    document). Shapes: doc_ids (B, T) integer ids, each document a contiguous run -> (B, 1, T, T)."""
     cases = (
         ("one row, documents of lengths 3, 2, 3", torch.tensor([[0, 0, 0, 1, 1, 2, 2, 2]])),
         ("a batch of 2 rows, any ids", torch.tensor([[7, 7, 3, 3, 3, 3, 9, 9], [1, 1, 1, 1, 1, 2, 2, 2]])),
