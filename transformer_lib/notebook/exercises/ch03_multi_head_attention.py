@@ -37,8 +37,7 @@ _SPLIT_SECTION = "reread 'Splitting and merging heads'"
 
 
 def _fold(x: Tensor, n_heads: int, *, bug: str = "") -> Tensor:
-    """The fold (B, T, d_model) -> (B * n_heads, T, d_head), row b * n_heads + h = head h of example b, or a wrong
-    one of :data:`_SPLIT_BUGS` ("sequence-first": F.multi_head_attention_forward's line for (T, B, d_model))."""
+    """The fold, row b * n_heads + h = head h of example b, or a wrong one of :data:`_SPLIT_BUGS`."""
     B, T, d_model = x.shape
     d_head = d_model // n_heads
     if bug == "sequence-first":
@@ -55,10 +54,9 @@ def _fold(x: Tensor, n_heads: int, *, bug: str = "") -> Tensor:
 
 _FOLD = "x.view(B, T, n_heads, d_head).transpose(1, 2).reshape(B * n_heads, T, d_head)"
 _SPLIT_BUGS = {  # bug -> hint, for _fold(..., bug=bug)
-    "sequence-first": Hint(
-        "right for a batch of one, wrong beyond: that is the line for sequence-first input (T, B, d_model). On "
-        "batch-first x it cuts the memory of the whole batch into T rows, so a 'head' holds positions of "
-        "different examples (reread 'The batch flattened into the head split').",
+    "sequence-first": Hint(  # F.multi_head_attention_forward's line
+        "right for a batch of one, wrong beyond: that is the line for sequence-first input (T, B, d_model), "
+        "which on batch-first x mixes the examples in a head (reread 'The batch flattened into the head split').",
         f"split with B as its own axis first, then fold: {_FOLD}.",
     ),
     "straight": Hint(
@@ -67,9 +65,8 @@ _SPLIT_BUGS = {  # bug -> hint, for _fold(..., bug=bug)
         f"view as (B, T, n_heads, d_head), transpose(1, 2), then fold: {_FOLD}.",
     ),
     "head-major": Hint(
-        "your rows come in the order (head, example): row h * B + b holds head h of example b, and only with one "
-        "example does that agree with the layout asked for, row b * n_heads + h, the order that the unfold "
-        f".view(B, n_heads, T, d_head) and a mask repeated with repeat_interleave expect ({_SPLIT_SECTION}).",
+        "your rows come in the order (head, example), row h * B + b; the layout asked for, row b * n_heads + h, is "
+        f"what .view(B, n_heads, T, d_head) and repeat_interleave expect ({_SPLIT_SECTION}).",
         "put the head axis right after the batch axis, then fold: torch.stack(x.split(d_head, dim=-1), dim=1)"
         f".reshape(B * n_heads, T, d_head), or {_FOLD}.",
     ),
@@ -83,9 +80,8 @@ _SPLIT_BUGS = {  # bug -> hint, for _fold(..., bug=bug)
 
 @checker(starter=SPLIT_HEADS_STARTER, reference=lambda x, h: x.view(*x.shape[:2], h, -1).transpose(1, 2).flatten(0, 1))
 def check_split_heads(c: Checker, split_heads: Callable[[Tensor, int], Tensor]) -> None:
-    """Check ``split_heads(x, n_heads)``, which folds the heads into the batch for ``torch.bmm``: row
-    ``b * n_heads + h`` of the result is head h of example b, the features h * d_head to (h + 1) * d_head - 1 of
-    every position. Shapes: x (B, T, d_model) -> (B * n_heads, T, d_head)."""
+    """Check ``split_heads(x, n_heads)``: row ``b * n_heads + h`` of the result is head h of example b.
+    Shapes: x (B, T, d_model) -> (B * n_heads, T, d_head)."""
     g = torch.Generator().manual_seed(1)
     sizes = ((1, 4, 8, 2), (3, 5, 12, 3), (2, 7, 16, 4))  # B, T, d_model, n_heads
     c.cases(
@@ -122,8 +118,7 @@ def mha_forward(mha, query, key, value):  # find and fix the bug
 
 
 def _heads(x: Tensor, n_heads: int, bug: str = "") -> Tensor:
-    """(B, T, d_model) -> (B, n_heads, T, d_head); or with the "sequence-first" split (seq-first code on batch-first
-    data: right for B = 1, it mixes the examples beyond) or a "plain reshape"."""
+    """(B, T, d_model) -> (B, n_heads, T, d_head), or with a bug of :data:`_MHA_BUGS`."""
     B, T, _ = x.shape
     if bug == "sequence-first":
         return x.reshape(T, B * n_heads, -1).transpose(0, 1).reshape(B, n_heads, T, -1)
@@ -136,7 +131,6 @@ _SHAPE_ERROR_WORDS = ("is invalid for input of size", "must match the size", "Ex
 
 
 def _query_length_hint(error: BaseException) -> Hint | str:
-    """For a shape error only with more keys than queries: the query's length used for the keys' view or reshape."""
     if any(words in str(error) for words in _SHAPE_ERROR_WORDS):
         return Hint(
             "this shape error comes only when the keys are not as many as the queries: check where each length "
@@ -148,7 +142,6 @@ def _query_length_hint(error: BaseException) -> Hint | str:
 
 
 def _mha_by_hand(mha: MultiHeadAttention, query: Tensor, key: Tensor, *, bug: str) -> Tensor:
-    """``mha(query, key, key)`` computed by hand with one of the bugs of :data:`_MHA_BUGS`."""
     q, k, v = (_heads(t, mha.n_heads, bug) for t in (mha.q_proj(query), mha.k_proj(key), mha.v_proj(key)))
     scale = 1.0 if bug == "unscaled" else None  # None: 1 / sqrt(d_head)
     out, _ = scaled_dot_product_attention(q, k, v, scale=scale)  # (B, n_heads, T_q, d_head)
@@ -183,10 +176,8 @@ _MHA_BUGS = {  # bug -> hint, for _mha_by_hand(..., bug=bug)
 
 @checker(starter=MHA_FORWARD_STARTER, reference=lambda mha, query, key, value: mha(query, key, value))
 def check_multi_head_attention(c: Checker, mha_forward: Callable[..., Tensor]) -> None:
-    """Check ``mha_forward(mha, query, key, value)``, multi-head attention by hand with the projections of ``mha``
-    (a :class:`MultiHeadAttention`): it must equal ``mha(query, key, value)`` for self-attention, cross-attention
-    and one new query against a cache of keys.
-    Shapes: query (B, T_q, d_model), key/value (B, T_k, d_model) -> (B, T_q, d_model)."""
+    """Check ``mha_forward(mha, query, key, value)`` equals ``mha(query, key, value)``, by hand with ``mha``'s
+    projections. Shapes: query (B, T_q, d_model), key/value (B, T_k, d_model) -> (B, T_q, d_model)."""
     torch.manual_seed(2)  # @checker restores the reader's random state afterwards
     cases = (
         ("self-attention, batch of 1", 1, 5, 5),
@@ -223,20 +214,15 @@ CROSSOVER_SETUP = {"d_model": 384, "n_heads": 12, "d_ff": 1536}
 
 
 def attention_crossover(d_model: int, d_ff: int) -> float:
-    """The length T at which an encoder layer's attention products cost as many multiply-adds as the rest of it.
-
-    The scores Q K^T and the weighted sum of the values cost T² d_model each (summed over the heads, whatever
-    their number); the four projections 4 T d_model², the feed-forward layer's two products 2 T d_model d_ff.
-    2 T² d_model = 4 T d_model² + 2 T d_model d_ff at T = 2 d_model + d_ff.
-    """
+    """The length T at which an encoder layer's attention products cost as many multiply-adds as the rest of it:
+    2 T² d_model (scores, weighted sum) = 4 T d_model² (projections) + 2 T d_model d_ff (feed-forward)."""
     return float(2 * d_model + d_ff)
 
 
 @checker(answer="value", reference=attention_crossover(CROSSOVER_SETUP["d_model"], CROSSOVER_SETUP["d_ff"]))
 def check_attention_crossover(c: Checker, prediction: float) -> None:
-    """Check ``prediction``, the sequence length T at which the attention products (scores and weighted sum of the
-    values) of all-MiniLM-L6-v2's encoder layer (d_model 384, 12 heads, d_ff 1536) cost as many multiply-adds as
-    the four projections and the feed-forward layer together."""
+    """Check ``prediction``, the length T at which the attention products of all-MiniLM-L6-v2's encoder layer
+    (d_model 384, 12 heads, d_ff 1536) cost as many multiply-adds as its projections and feed-forward layer."""
     d_model, n_heads, d_ff = (CROSSOVER_SETUP[k] for k in ("d_model", "n_heads", "d_ff"))
     expected = attention_crossover(d_model, d_ff)
     bugs: dict[float, str | Hint] = {
