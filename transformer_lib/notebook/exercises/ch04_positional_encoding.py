@@ -42,8 +42,7 @@ def positional_encoding(max_len, d_model):  # find and fix the bug
 
 
 def _sinusoidal(max_len: int, d_model: int, *, bug: str = "") -> Tensor:
-    """The sinusoidal encoding (max_len, d_model), or a classic wrong one of :data:`_SINUSOIDAL_BUGS`: "no minus"
-    is the starter's, "chapter loop" the chapter's (sine with exponent 2j/d, cosine with 2(j+1)/d, j even)."""
+    """The sinusoidal encoding (max_len, d_model), or a classic wrong one of :data:`_SINUSOIDAL_BUGS`."""
     start = 1 if bug == "from 1" else 0
     pos = torch.arange(start, start + max_len, dtype=torch.float64)[:, None]  # (max_len, 1)
     i = torch.arange(d_model // 2, dtype=torch.float64)  # the pairs, 0 .. d/2 - 1
@@ -59,8 +58,7 @@ def _sinusoidal(max_len: int, d_model: int, *, bug: str = "") -> Tensor:
     return torch.stack([first, second], dim=-1).flatten(-2).float()  # interleaved: sin, cos, sin, cos, ...
 
 
-def _as_tensor(table: Any) -> Any:
-    """A NumPy array as a tensor (the exercise's table is NumPy); anything else unchanged, for the feedback."""
+def _as_tensor(table: Any) -> Any:  # the exercise's table is NumPy
     return torch.from_numpy(np.ascontiguousarray(table)) if isinstance(table, np.ndarray) else table
 
 
@@ -84,27 +82,23 @@ _SINUSOIDAL_BUGS = {  # bug -> hint, for _sinusoidal(..., bug=bug)
         "use i / d_model when i is the even dimension 0, 2, 4, ... (it IS the 2i of the formula), or 2 * i / "
         "d_model when i counts the pairs 0, 1, 2, ...",
     ),
-    "chapter loop": Hint(
-        "this is the loop of the chapter's 'Spot the bug' section: its exponent is doubled, and its sine and "
-        "cosine of one pair turn at different frequencies. A pair is the sine and the cosine of ONE angle; "
-        + _FORMULA
-        + ".",
+    "chapter loop": Hint(  # sine with exponent 2j/d, cosine with 2(j+1)/d, j even
+        "this is the loop of the chapter's 'Spot the bug' section: its exponent is doubled, and its sine and cosine "
+        f"of one pair turn at different frequencies. A pair is the sine and the cosine of ONE angle; {_FORMULA}.",
         "sine and cosine share one angle, pos / 10000 ** (i / d_model) with i = 0, 2, 4, ... the even dimension.",
     ),
     "swapped": Hint(
         f"sine and cosine are in each other's place: {_FORMULA} (which dimension of a pair holds the sine).",
         _INTERLEAVED + ".",
     ),
-    "halves": Hint(
-        "your sines fill the first half of the columns and the cosines the second; the encoding interleaves "
-        f"them, a pair is two neighbouring dimensions ({_FORMULA}).",
-        _INTERLEAVED + ".",
-    ),
-    "halves, cos first": Hint(
-        "your cosines fill the first half of the columns and the sines the second; the encoding interleaves "
-        f"them, sine first, a pair being two neighbouring dimensions ({_FORMULA}).",
-        _INTERLEAVED + ".",
-    ),
+    **{
+        bug: Hint(
+            f"your {first}s fill the first half of the columns and the {second}s the second; the encoding "
+            f"interleaves them, sine first, a pair being two neighbouring dimensions ({_FORMULA}).",
+            _INTERLEAVED + ".",
+        )
+        for bug, first, second in (("halves", "sine", "cosine"), ("halves, cos first", "cosine", "sine"))
+    },
     "i/d": Hint(
         "your frequencies fall half as fast across the dimensions as they should (the encoding with base 100): "
         f"the exponent of pair i is 2i/d_model; {_FORMULA}.",
@@ -123,8 +117,8 @@ _SINUSOIDAL_BUGS = {  # bug -> hint, for _sinusoidal(..., bug=bug)
 
 @checker(starter=SINUSOIDAL_STARTER, reference=sinusoidal_encoding)
 def check_sinusoidal_encoding(c: Checker, encoding: Callable[[int, int], Any]) -> None:
-    """Check ``encoding(max_len, d_model) -> PE`` of Vaswani et al.: PE[pos, 2i] = sin(pos / 10000^(2i/d_model)),
-    PE[pos, 2i+1] = cos(pos / 10000^(2i/d_model)), as a NumPy array or a tensor. Shapes: -> (max_len, d_model)."""
+    """Check ``encoding(max_len, d_model)``, the sinusoidal encoding of Vaswani et al. as a NumPy array or a tensor.
+    Shapes: -> (max_len, d_model)."""
     c.cases(
         lambda max_len, d_model: _as_tensor(encoding(max_len, d_model)),
         [(f"max_len={n}, d_model={d}", {"max_len": n, "d_model": d}) for n, d in ((10, 8), (50, 16), (100, 64))],
@@ -144,8 +138,7 @@ def check_sinusoidal_encoding(c: Checker, encoding: Callable[[int, int], Any]) -
 
 
 def _convert(w: Tensor, n_heads: int, *, bug: str = "") -> Tensor:
-    """Half-split rows to interleaved ones: per head, rows (i, i + d_head/2) become rows (2i, 2i + 1); or a wrong
-    conversion of :data:`_ROPE_BUGS` ("the other way": Hugging Face's `permute` in convert_llama_weights_to_hf.py)."""
+    """Per head, rows (i, i + d_head/2) become rows (2i, 2i + 1); or a wrong conversion of :data:`_ROPE_BUGS`."""
     if bug == "unchanged":
         return w
     if bug == "columns":
@@ -159,8 +152,7 @@ def _convert(w: Tensor, n_heads: int, *, bug: str = "") -> Tensor:
 
 
 def _rope_half_split(x: Tensor, base: float = 10000.0) -> Tensor:
-    """RoPE in the GPT-NeoX / Hugging Face Llama layout: dimension i turns with i + d_head/2.
-    Shapes: x (..., T, d_head) -> same."""
+    """RoPE in the GPT-NeoX / Hugging Face Llama layout, dimension i turning with i + d_head/2."""
     T, d_head = x.shape[-2:]
     theta = base ** (-torch.arange(0, d_head, 2, dtype=torch.float64) / d_head)
     angle = torch.arange(T, dtype=torch.float64)[:, None] * theta  # (T, d_head/2)
@@ -170,7 +162,7 @@ def _rope_half_split(x: Tensor, base: float = 10000.0) -> Tensor:
 
 
 def _rope_scores(x: Tensor, q: tuple[Tensor, Tensor], k: tuple[Tensor, Tensor], n_heads: int, rope: Callable) -> Tensor:
-    """Scores rope(q_h) . rope(k_h) of every head. Shapes: x (B, T, d_model) -> (B, n_heads, T, T)."""
+    """Scores rope(q_h) . rope(k_h) of every head: (B, n_heads, T, T)."""
     B, T, _ = x.shape
     q_heads = F.linear(x, *q).view(B, T, n_heads, -1).transpose(1, 2)  # (B, n_heads, T, d_head)
     k_heads = F.linear(x, *k).view(B, T, n_heads, -1).transpose(1, 2)
@@ -210,10 +202,9 @@ _ROPE_BUGS = {  # bug -> hint, for _convert(..., bug=bug)
 
 @checker(reference=lambda w, n_heads: w[torch.arange(w.shape[0]).view(n_heads, 2, -1).mT.flatten()])
 def check_rope_permutation(c: Checker, to_interleaved: Callable[[Tensor, int], Tensor]) -> None:
-    """Check ``to_interleaved(w, n_heads)``: the weight (d_model, d_in) or bias (d_model,) of a query or key
-    projection trained with the half-split RoPE layout (dimension i of a head turns with i + d_head/2), its rows
-    reordered so that the interleaved layout (2i with 2i + 1, :class:`~transformer_lib.positional.RotaryEmbedding`)
-    gives the same attention scores. Shapes: w (d_model, ...) -> (d_model, ...)."""
+    """Check ``to_interleaved(w, n_heads)``: a query or key projection's weight or bias trained with the half-split
+    RoPE layout, its rows reordered so that the interleaved layout (``RotaryEmbedding``) gives the same scores.
+    Shapes: w (d_model, ...) -> (d_model, ...)."""
     g = torch.Generator().manual_seed(4)
     cases = (
         ("weight (8, 8), 1 head of d_head=8", (8, 8), 1),
@@ -235,7 +226,6 @@ def check_rope_permutation(c: Checker, to_interleaved: Callable[[Tensor, int], T
 
 
 def _rope_scores_case(c: Checker, to_interleaved: Callable[[Tensor, int], Tensor], g: torch.Generator) -> None:
-    """The end-to-end case: a half-split model's scores, and the library's RoPE on the converted projections."""
     d_model, n_heads, T = 24, 4, 7
     d_head = d_model // n_heads
     wq, bq, wk, bk = (torch.randn(*s, generator=g) / 4 for s in ((d_model, d_model), (d_model,)) * 2)
@@ -243,18 +233,17 @@ def _rope_scores_case(c: Checker, to_interleaved: Callable[[Tensor, int], Tensor
     rotary = RotaryEmbedding(d_head, max_len=T)
 
     def interleaved_scores(
-        convert: Callable[[Tensor, int], Tensor], wq: Tensor = wq, bq: Tensor = bq, wk: Tensor = wk, bk: Tensor = bk
+        convert: Callable[[Tensor, int], Tensor], wq: Tensor, bq: Tensor, wk: Tensor, bk: Tensor
     ) -> Tensor:
-        q = (convert(wq, n_heads), convert(bq, n_heads))
-        k = (convert(wk, n_heads), convert(bk, n_heads))
+        q, k = (convert(wq, n_heads), convert(bq, n_heads)), (convert(wk, n_heads), convert(bk, n_heads))
         return _rope_scores(x, q, k, n_heads, rotary)
 
     def wrong_scores(*, bug: str) -> Tensor:
-        return interleaved_scores(functools.partial(_convert, bug=bug))
+        return interleaved_scores(functools.partial(_convert, bug=bug), wq, bq, wk, bk)
 
     c.case(
         f"{n_heads} heads (d_head={d_head}): RotaryEmbedding gives the half-split model's scores",
-        lambda wq, bq, wk, bk: interleaved_scores(to_interleaved, wq, bq, wk, bk),
+        functools.partial(interleaved_scores, to_interleaved),
         _rope_scores(x, (wq, bq), (wk, bk), n_heads, _rope_half_split),
         bugs=bug_table(_ROPE_BUGS, wrong_scores),
         hint="convert the weights AND the biases of both projections, each head's rows separately.",
@@ -271,8 +260,8 @@ ALIBI_SHARE_SETUP = {"n_heads": 8, "T": 64, "last": 5}
 
 
 def alibi_recent_share(n_heads: int, T: int, last: int) -> tuple[float, float]:
-    """With every raw score equal, the share of the weight that the query at position T - 1 puts on the ``last``
-    most recent keys (itself included), in the steepest and in the flattest head, from the library's bias."""
+    """With every raw score equal, the share of the weight that the last query puts on the ``last`` most recent
+    keys, in the steepest and in the flattest head."""
     bias = alibi_bias(alibi_slopes(n_heads).double(), 1, T, offset=T - 1)[:, 0]  # (n_heads, T)
     share = torch.softmax(bias, dim=-1)[:, -last:].sum(dim=-1)  # (n_heads,)
     return share[0].item(), share[-1].item()
@@ -280,9 +269,8 @@ def alibi_recent_share(n_heads: int, T: int, last: int) -> tuple[float, float]:
 
 @checker(answer="value", reference=alibi_recent_share(**ALIBI_SHARE_SETUP))  # closed form: test_exercises_ch04
 def check_alibi_share(c: Checker, prediction: tuple[float, float]) -> None:
-    """Check ``prediction = (steepest, flattest)``: with ALiBi's 8 heads and every raw score equal, the share of
-    its attention that the query at position 63 puts on the 5 most recent keys (positions 59 to 63), in head 0
-    (slope 1/2) and in head 7 (slope 1/256)."""
+    """Check ``prediction = (steepest, flattest)``: with ALiBi's 8 heads and every raw score equal, the share of its
+    attention that the query at position 63 puts on keys 59 to 63, in head 0 (slope 1/2) and head 7 (1/256)."""
     n_heads, T, last = (ALIBI_SHARE_SETUP[k] for k in ("n_heads", "T", "last"))
     slopes = alibi_slopes(n_heads).tolist()
     series = f"the last {last} keys hold (1 - r^{last}) / (1 - r^{T}) of the weight, r = e^(-s)"
@@ -326,7 +314,7 @@ def _powers(n: int) -> list[float]:
 
 
 def _alibi(n_heads: int, T_q: int, T_k: int, *, bug: str = "") -> Tensor:
-    """ALiBi's bias, or one of its wrong versions (:data:`_ALIBI_BUGS`). Shapes: -> (n_heads, T_q, T_k)."""
+    """ALiBi's bias (n_heads, T_q, T_k), or with a bug of :data:`_ALIBI_BUGS`."""
     closest = 2 ** math.floor(math.log2(n_heads))
     extra = n_heads - closest
     slopes = {
@@ -396,10 +384,9 @@ _ALIBI_HINT = Hint(
 
 @checker(reference=_alibi)
 def check_alibi(c: Checker, alibi: Callable[[int, int, int], Tensor]) -> None:
-    """Check ``alibi(n_heads, T_q, T_k) -> bias``: ALiBi's bias -s_h (i - j) for the T_q newest queries of a
-    sequence of T_k positions (query t at position i = T_k - T_q + t, key j = 0 .. T_k - 1), with the slopes s_h of
-    Press et al. for any number of heads, built with torch alone; the entries j > i are left as they are (the
-    causal mask hides them). Shapes: returns (n_heads, T_q, T_k)."""
+    """Check ``alibi(n_heads, T_q, T_k)``: ALiBi's bias -s_h (i - j) for the T_q newest queries of T_k positions,
+    with Press et al.'s slopes for any number of heads, built with torch alone; the entries j > i left as they are.
+    Shapes: -> (n_heads, T_q, T_k)."""
     with c.refuse_library_calls(
         alibi_bias,
         alibi_slopes,
