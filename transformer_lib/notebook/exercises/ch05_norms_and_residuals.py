@@ -72,7 +72,6 @@ _LAYER_NORM_BUGS = {  # bug -> hint, for _wrong_layer_norm(..., bug=bug)
 
 
 def _wrong_layer_norm(x: Tensor, w: Tensor, b: Tensor, eps: float, *, bug: str) -> Tensor:
-    """LayerNorm with the unbiased variance, with eps outside the root, or "both" (the tutorial's forward)."""
     centred = x - x.mean(-1, keepdim=True)
     if bug == "unbiased":
         return w * centred / torch.sqrt(centred.var(-1, keepdim=True) + eps) + b
@@ -80,7 +79,7 @@ def _wrong_layer_norm(x: Tensor, w: Tensor, b: Tensor, eps: float, *, bug: str) 
 
 
 def _build(make: Callable[..., Any], features: int, eps: float) -> Any:
-    """``make(features, eps=eps)``; the tutorial's class, which takes no feature count, as ``make(eps=eps)``."""
+    """``make(features, eps=eps)``, or ``make(eps=eps)`` for the tutorial's class, which takes no feature count."""
     try:
         return make(features, eps=eps)
     except TypeError as first:
@@ -91,7 +90,6 @@ def _build(make: Callable[..., Any], features: int, eps: float) -> Any:
 
 
 def _layer_norm_output(make: Callable[..., Any], x: Tensor, weight: Tensor | None, bias: Tensor | None) -> Tensor:
-    """The answer's module built for ``x``'s width, with ``weight`` and ``bias`` loaded if given, applied to ``x``."""
     module = _build(make, x.shape[-1], eps=1e-5)
     if weight is not None:
         with torch.no_grad():
@@ -101,8 +99,6 @@ def _layer_norm_output(make: Callable[..., Any], x: Tensor, weight: Tensor | Non
 
 
 def _parameter_shapes_case(c: Checker, make: Callable[..., Any], d: int) -> None:
-    """The case that ``make(d)``'s alpha and bias hold one number per feature."""
-
     def shapes(features: int) -> str:
         module = _build(make, features, eps=1e-5)
         return f"alpha {tuple(module.alpha.shape)}, bias {tuple(module.bias.shape)}"
@@ -132,8 +128,7 @@ def _layer_norm_error_hint(e: BaseException) -> Hint | str:
     return ""
 
 
-def _library_layer_norm(features: int, eps: float) -> LayerNorm:
-    """The library's LayerNorm, its gain also under the tutorial's name, ``alpha``."""
+def _library_layer_norm(features: int, eps: float) -> LayerNorm:  # its gain also under the tutorial's name
     norm = LayerNorm(features, eps=eps)
     norm.alpha = norm.weight
     return norm
@@ -141,10 +136,8 @@ def _library_layer_norm(features: int, eps: float) -> LayerNorm:
 
 @checker(starter=LAYER_NORM_STARTER, reference=_library_layer_norm)
 def check_layer_norm_module(c: Checker, layer_norm_class: Callable[..., nn.Module]) -> None:
-    """Check ``layer_norm_class``, a LayerNorm module class: ``layer_norm_class(features, eps=...)`` must equal
-    ``nn.LayerNorm(features, eps=eps)``, with its gain and shift named ``alpha`` and ``bias``. The cases build it
-    with ``eps=1e-5``: at initialization on random and on nearly constant features, then with a learned gain and
-    shift loaded into ``alpha`` and ``bias``. Shapes: x (..., features) -> (..., features)."""
+    """Check ``layer_norm_class``: ``layer_norm_class(features, eps=...)`` must equal ``nn.LayerNorm(features,
+    eps=eps)``, its gain and shift named ``alpha`` and ``bias``. Shapes: x (..., features) -> (..., features)."""
     torch.manual_seed(3)  # @checker restores the reader's random state afterwards
     eps = 1e-5
     cases = (  # (name, x, with a learned gain and shift)
@@ -183,8 +176,6 @@ def pre_ln_block(x, attention, ff, norm1, norm2, dropout):  # find and fix the b
 
 
 class _CausalSelfAttention(nn.Module):
-    """Causal self-attention of one input: ``attention(h) = mha(h, h, h, is_causal=True)``."""
-
     def __init__(self, d_model: int, n_heads: int) -> None:
         super().__init__()
         self.mha = MultiHeadAttention(d_model, n_heads)
@@ -194,8 +185,7 @@ class _CausalSelfAttention(nn.Module):
 
 
 class _FixedDropout(nn.Module):
-    """``nn.Dropout(p)`` in training mode, but dropping the same entries at every call: a fixed mask, the kept
-    entries scaled by 1 / (1 - p), so that an answer's result can be compared. Shapes: h (B, T, d_model) -> same."""
+    """``nn.Dropout(p)`` in training mode, but dropping the same entries at every call, so that results compare."""
 
     mask: Tensor  # a buffer
 
@@ -213,8 +203,7 @@ class _FixedDropout(nn.Module):
 
 def _pre_ln(x: Tensor, attention: nn.Module, ff: nn.Module, norm1: nn.Module, norm2: nn.Module, dropout: nn.Module,
             *, bug: str = "") -> Tensor:  # fmt: skip
-    """Two Pre-LN blocks with residual dropout, or a wrong version of :data:`_PRE_LN_BUGS`. Shapes: x (B, T, d_model)
-    -> (B, T, d_model)."""
+    """Two Pre-LN blocks with residual dropout, or a wrong version of :data:`_PRE_LN_BUGS`."""
     if bug == "Post-LN":
         h = norm1(x + dropout(attention(x)))
         return norm2(h + dropout(ff(h)))
@@ -274,9 +263,7 @@ _PRE_LN_BUGS = {  # bug -> hint, for _pre_ln(..., bug=bug)
 )
 def check_pre_ln_block(c: Checker, pre_ln_block: Callable[..., Tensor]) -> None:
     """Check ``pre_ln_block(x, attention, ff, norm1, norm2, dropout)``: two Pre-LN residual blocks with residual
-    dropout, ``x = x + dropout(attention(norm1(x)))`` then ``x + dropout(ff(norm2(x)))``. The modules (causal
-    self-attention, a feed-forward network, LayerNorms) map (B, T, d_model) to the same shape; the cases pass an
-    ``nn.Dropout`` in evaluation mode, then dropouts that drop the same entries at every call."""
+    dropout. The modules map (B, T, d_model) to the same shape."""
     torch.manual_seed(7)  # @checker restores the reader's random state afterwards
     g = torch.Generator().manual_seed(7)
     cases = (
@@ -299,7 +286,6 @@ def check_pre_ln_block(c: Checker, pre_ln_block: Callable[..., Tensor]) -> None:
 
 
 def _pre_ln_inputs(shape: tuple[int, int, int], p: float, g: torch.Generator) -> dict[str, Any]:
-    """x (B, T, d_model) far from normalized, so that a normalized or dropped skip path shows, and the modules."""
     B, T, d = shape
     attention, ff = _CausalSelfAttention(d, 2), FeedForward(d, 4 * d, activation="gelu")
     norm1, norm2 = LayerNorm(d), LayerNorm(d)
@@ -321,12 +307,7 @@ x <- x + LN(x) Q_l, each Q_l a random orthogonal (d_model, d_model) matrix, LN w
 
 
 def stream_norm(n_tokens: int, d_model: int, n_blocks: int, seed: int = 0) -> list[float]:
-    """The mean norm of the residual stream of :data:`STREAM_SETUP`'s stack: of x_0, then after each block.
-
-    Each block adds LN(x) Q_l, a vector of norm sqrt(d_model) (LN's output has mean 0 and variance 1 over the
-    d_model features, Q_l keeps norms) pointing in a direction independent of x (Q_l is random): the squared
-    norms add up, ||x_L||² ≈ ||x_0||² + L d_model.
-    """
+    """The mean norm of the residual stream of :data:`STREAM_SETUP`'s stack: of x_0, then after each block."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n_tokens, d_model, generator=g)
     norms = [x.norm(dim=-1).mean().item()]
@@ -340,8 +321,8 @@ def stream_norm(n_tokens: int, d_model: int, n_blocks: int, seed: int = 0) -> li
 
 @checker(answer="value", reference=math.sqrt((STREAM_SETUP["n_blocks"] + 1) * STREAM_SETUP["d_model"]))  # Pythagoras
 def check_stream_growth(c: Checker, prediction: float) -> None:
-    """Check ``prediction``, the mean norm of the residual stream after 48 Pre-LN blocks x <- x + LN(x) Q_l
-    (Q_l random orthogonal, LN without gain or shift), from 256 tokens x_0 of d_model = 64 N(0, 1) features."""
+    """Check ``prediction``, the mean norm of the residual stream after 48 blocks x <- x + LN(x) Q_l (Q_l random
+    orthogonal), from 256 tokens x_0 of d_model = 64 N(0, 1) features."""
     d, L = STREAM_SETUP["d_model"], STREAM_SETUP["n_blocks"]
     norms = stream_norm(**STREAM_SETUP)
     start, expected = norms[0], norms[-1]
@@ -375,8 +356,7 @@ def check_stream_growth(c: Checker, prediction: float) -> None:
 
 
 def _running_stats(x: Tensor, mean0: Tensor, var0: Tensor, momentum: float, *, bug: str = "") -> tuple[Tensor, Tensor]:
-    """BatchNorm's running statistics after one training step on ``x`` (B, T, d_model), or with a bug of
-    :data:`_RUNNING_STATS_BUGS`."""
+    """BatchNorm's running statistics after a training step on ``x``, or with a bug of :data:`_RUNNING_STATS_BUGS`."""
     mean, var = x.mean(dim=(0, 1)), x.var(dim=(0, 1), unbiased=bug != "biased")
     if bug == "batch stats":
         return mean, var
@@ -416,7 +396,6 @@ _PER_FEATURE_HINT = Hint(
 
 
 def _batch_norm_stats(x: Tensor, mean0: Tensor, var0: Tensor, momentum: float) -> tuple[Tensor, Tensor]:
-    """The running statistics of an ``nn.BatchNorm1d`` that starts from ``mean0``, ``var0`` after a step on ``x``."""
     bn = nn.BatchNorm1d(x.shape[-1], momentum=momentum)
     mean, var = bn.running_mean, bn.running_var
     assert mean is not None and var is not None  # track_running_stats=True, the default, keeps them
@@ -434,9 +413,8 @@ def _batch_norm_stats(x: Tensor, mean0: Tensor, var0: Tensor, momentum: float) -
     )
 )  # compared with nn.BatchNorm1d's buffers
 def check_running_stats(c: Checker, update_running_stats: Callable[..., tuple[Tensor, Tensor]]) -> None:
-    """Check ``update_running_stats(x, running_mean, running_var, momentum) -> (new_mean, new_var)``: the running
-    statistics after one training step of ``nn.BatchNorm1d`` on a batch of sequences.
-    Shapes: x (B, T, d_model), running_mean and running_var (d_model,) -> (d_model,), (d_model,)."""
+    """Check ``update_running_stats(x, running_mean, running_var, momentum)``: ``nn.BatchNorm1d``'s running
+    statistics after a training step. Shapes: x (B, T, d_model), the statistics (d_model,) -> two (d_model,)."""
     g = torch.Generator().manual_seed(11)
     cases = []
     for name, shape, earlier, momentum in _RUNNING_STATS_CASES:
