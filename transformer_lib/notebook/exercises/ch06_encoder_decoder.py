@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol, TypedDict
+from typing import Any, TypedDict
 
 import torch
 import torch.nn.functional as F
@@ -39,15 +39,13 @@ def greedy_batch(model, src, max_len):  # find and fix the bug
             break
     return out
 """
-"""The exercise's starter cell: answered with this code unchanged, the check says "not answered yet"."""
 
 _AFTER = 3  # what the stand-in model writes once it has written its <eos>
 
 
 class _CopyModel(nn.Module):
-    """A stand-in for a trained :class:`~transformer_lib.Seq2SeqTransformer` that writes its source back, then
-    ``<eos>``, then :data:`_AFTER` (which greedy decoding must replace by padding): rows of different lengths end
-    at different steps. ``decode`` with ``caches`` takes the new tokens only, as the model's does."""
+    """A stand-in for a trained ``Seq2SeqTransformer`` that writes its source back, then ``<eos>``, then
+    :data:`_AFTER` (which greedy decoding must replace by padding)."""
 
     pad_id = PAD
 
@@ -75,17 +73,9 @@ class _CopyModel(nn.Module):
         return [{"length": 0}]
 
 
-class _EncoderDecoder(Protocol):
-    """What greedy decoding calls: a :class:`~transformer_lib.Seq2SeqTransformer`'s or the stand-in's methods."""
-
-    def encode(self, src: Tensor) -> Tensor: ...
-
-    def decode(self, tgt: Tensor, memory: Tensor, src: Tensor) -> Tensor: ...
-
-
 @torch.no_grad()
-def _greedy_batch(model: _EncoderDecoder, src: Tensor, max_len: int, *, bug: str = "") -> Tensor:
-    """Greedy decoding of a batch, or with a bug of :data:`_GREEDY_BUGS`. Shapes: src (B, S) -> (B, <= max_len + 1)."""
+def _greedy_batch(model: Any, src: Tensor, max_len: int, *, bug: str = "") -> Tensor:
+    """Greedy decoding of a batch, or with a bug of :data:`_GREEDY_BUGS`."""
     memory = model.encode(src)
     ys = torch.full((src.shape[0], 1), BOS, device=src.device)
     done = torch.zeros(src.shape[0], dtype=torch.bool, device=src.device)
@@ -152,10 +142,9 @@ _GREEDY_CASES = (  # (name, sources (B, S) padded with PAD, max_len)
     reference=lambda model, src, max_len: decoding._greedy(model, src, max_len, BOS, EOS, PAD, True),
 )
 def check_greedy_batch(c: Checker, greedy_batch: Callable[[nn.Module, Tensor, int], Tensor]) -> None:
-    """Check ``greedy_batch(model, src, max_len)``, a loop of the answer's own: greedy decoding of a batch as
-    ``decoding.greedy_decode`` returns it (``<bos>``, each row's tokens up to its ``<eos>``, then ``<pad>``;
-    stopping once every row has written ``<eos>``, or after ``max_len`` tokens). Shapes: src (B, S) ->
-    (B, <= max_len + 1). The model is a stand-in that writes its source back, then ``<eos>``."""
+    """Check ``greedy_batch(model, src, max_len)``, a loop of the answer's own, against ``decoding.greedy_decode``:
+    ``<pad>`` after each row's ``<eos>``, stopping once every row has ended. Shapes: src (B, S) -> (B, <= max_len + 1).
+    """
     model = _CopyModel()
     with c.refuse_library_calls(
         decoding.greedy_decode,
@@ -195,9 +184,7 @@ equal), label smoothing ``eps``, over the vocabulary of the dates task (42 token
 
 
 def smoothed_loss(margin: float, eps: float, vocab_size: int) -> float:
-    """``F.cross_entropy(..., label_smoothing=eps)`` for logits whose right token is ``margin`` above the others:
-    about eps (V - 1) / V · margin, each of the V - 1 wrong tokens getting eps / V of the target and a
-    log-probability of about -margin."""
+    """``F.cross_entropy(..., label_smoothing=eps)`` for logits whose right token is ``margin`` above the others."""
     logits = torch.zeros(1, vocab_size, dtype=torch.float64)
     logits[0, 0] = margin
     return F.cross_entropy(logits, torch.tensor([0]), label_smoothing=eps).item()
@@ -245,8 +232,7 @@ def check_smoothed_loss(c: Checker, prediction: float) -> None:
 
 
 def _beam_step(scores: Tensor, logp: Tensor, k: int, *, bug: str = "") -> tuple[Tensor, Tensor, Tensor]:
-    """One beam-search step for a batch, or with a bug of :data:`_BEAM_BUGS`.
-    Shapes: scores (B, n), logp (B n, V) -> three (B, k)."""
+    """One beam-search step for a batch, or with a bug of :data:`_BEAM_BUGS`."""
     B, n = scores.shape
     V = logp.shape[-1]
     scores = torch.zeros_like(scores) if bug == "no scores" else scores
@@ -295,8 +281,6 @@ _BEAM_HINT = Hint(
 
 
 def _beam_cases() -> Iterator[tuple[str, dict[str, Any]]]:
-    """Each case's name and inputs: random log-probabilities, and the beams' scores (all 0; all -inf but the
-    first; or random, best first)."""
     g = torch.Generator().manual_seed(8)
     for name, B, n, k, V, kind in _BEAM_CASES:
         logp = torch.randn(B * n, V, generator=g).mul(2).log_softmax(-1)
@@ -315,11 +299,7 @@ def _beam_step_by_topk(scores: Tensor, logp: Tensor, k: int) -> tuple[Tensor, Te
 
 @checker(reference=_beam_step_by_topk)
 def check_beam_step(c: Checker, beam_step: Callable[..., tuple[Tensor, Tensor, Tensor]]) -> None:
-    """Check ``beam_step(scores, logp, k) -> (new_scores, rows, tokens)``, one step of beam search for a batch.
-
-    ``scores`` (B, n) are the cumulative log-probabilities of the n live beams of each example (-inf for a dead
-    one); ``logp`` (B n, V) the next-token log-probabilities the decoder gave for them, the rows of example b
-    being b n ... b n + n - 1. For each example, the ``k`` best one-token extensions, best first:
-    ``new_scores`` (B, k), ``rows`` (B, k) the row of ``logp`` each one extends, ``tokens`` (B, k) its token.
-    """
+    """Check ``beam_step(scores, logp, k) -> (new_scores, rows, tokens)``, one step of beam search for a batch:
+    each example's k best one-token extensions, best first, the row of ``logp`` each extends and its token.
+    Shapes: scores (B, n), logp (B n, V), rows b n ... b n + n - 1 for example b -> three (B, k)."""
     c.cases(beam_step, _beam_cases(), _beam_step, _BEAM_BUGS, hint=_BEAM_HINT)
