@@ -16,7 +16,7 @@ from torch import Tensor
 from ...attention import KVCache, MultiHeadAttention
 from ...masks import causal_mask
 from ...memory import kv_cache_bytes_per_token
-from ._framework import Checker, Hint, bug_table, checker
+from ._framework import Checker, Hint, bug_table, checker, same_fix
 
 ANSWER_MARKERS: dict[str, tuple[str, ...]] = {  # exercise label -> strings that would give its answer away
     "ex-bpe-encode": ("rank.get", "key=rank", '["t", "he"]', "earliest-learned"),
@@ -31,8 +31,7 @@ ANSWER_MARKERS: dict[str, tuple[str, ...]] = {  # exercise label -> strings that
 
 
 def _encode_word(word: str, merges: list[tuple[str, str]], *, bug: str = "") -> list[str]:
-    """Split ``word`` into symbols and apply the merges, lowest rank first; or with a bug of :data:`_ENCODE_BUGS`
-    ("count": ties go to the pair seen first; "once": each merge to its first occurrence only)."""
+    """Split ``word`` into symbols and apply the merges, lowest rank first; or with a bug of :data:`_ENCODE_BUGS`."""
     rank = {pair: r for r, pair in enumerate(merges)}
     symbols = list(word)
     if bug == "once":
@@ -147,8 +146,7 @@ def check_encode_word(c: Checker, encode_word: Callable[[str, list[tuple[str, st
 
 
 def _swiglu_hidden(d_model: int, multiple_of: int, *, bug: str = "") -> int:
-    """LLaMA's SwiGLU width: 2/3 of 4 d_model (rounded down), then up to a multiple of ``multiple_of``; or a bug:
-    "no rounding" to the multiple, "rounded down" to it, "4 d_model" (the GELU network's width)."""
+    """LLaMA's SwiGLU width, or with a bug of :data:`_SWIGLU_BUGS`."""
     hidden = 4 * d_model if bug == "4 d_model" else int(2 * 4 * d_model / 3)
     if bug in ("no rounding", "4 d_model"):
         return hidden
@@ -203,16 +201,15 @@ KV_DTYPE = torch.bfloat16
 """The cache's number format in the prediction."""
 
 
-def _kv_bytes(n_kv_heads: int, dtype: torch.dtype) -> int:
-    """Bytes per token of :data:`KV_MODEL`'s cache with ``n_kv_heads`` key/value heads in ``dtype``."""
+def _kv_bytes(n_kv_heads: int, dtype: torch.dtype) -> int:  # per token, for KV_MODEL
     m = KV_MODEL
     return kv_cache_bytes_per_token(m["n_layers"], n_kv_heads, m["d_model"] // m["n_heads"], dtype.itemsize)
 
 
 @checker(answer="value", reference=_kv_bytes(KV_MODEL["n_kv_heads"], KV_DTYPE))  # measured: test_exercises_ch07.py
 def check_kv_cache_bytes(c: Checker, prediction: float) -> None:
-    """Check ``prediction``: the bytes per token of the KV cache of a 4-layer model with d_model 128, 4 query heads,
-    2 key/value heads (grouped-query attention), stored in bfloat16."""
+    """Check ``prediction``: the bytes per token of the bfloat16 KV cache of a 4-layer model with d_model 128, 4 query
+    heads and 2 key/value heads."""
     m = KV_MODEL
     expected = _kv_bytes(m["n_kv_heads"], KV_DTYPE)
     fix = (
@@ -232,7 +229,7 @@ def check_kv_cache_bytes(c: Checker, prediction: float) -> None:
         "bytes per token",
         lambda: prediction,
         float(expected),
-        bugs={value: Hint(concept, fix) for value, concept in mistakes.items()},
+        bugs=same_fix(fix, mistakes),
         hint=Hint(
             "per token, each layer caches a key and a value for each key/value head, not for each query head, in "
             "the cache's number format; reread 'The KV cache, by hand'.",
@@ -248,9 +245,7 @@ def check_kv_cache_bytes(c: Checker, prediction: float) -> None:
 def _gqa_step(
     attn: MultiHeadAttention, x: Tensor, cache: tuple[Tensor, Tensor] | None, *, bug: str = ""
 ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-    """One step of cached grouped-query self-attention, or with a bug of :data:`_GQA_BUGS` (or of :func:`_cache_bugs`).
-    Shapes: x (B, T_new, d_model), cache (k, v) (B, n_kv_heads, T_past, d_head) -> out (B, T_new, d_model), cache.
-    """
+    """One step of cached grouped-query self-attention, or with a bug of :data:`_GQA_BUGS` or :func:`_cache_bugs`."""
     n_rep = attn.n_heads // attn.n_kv_heads
     T_new, tiled, cache_repeated = x.shape[1], bug in ("tiled", "cache tiled"), bug.startswith("cache ")
 
@@ -308,7 +303,6 @@ _GQA_CACHE_HINT = Hint(
 
 
 def _cache_bugs(n_heads: int, n_kv_heads: int) -> dict[str, Hint]:
-    """The bugs of the cache: the keys and values cached after being repeated, either way."""
     hint = Hint(
         f"the cache must hold the {n_kv_heads} key/value head{'s' * (n_kv_heads > 1)}, not the {n_heads} repeated "
         f"ones: that is what grouped-query attention saves ({n_heads // n_kv_heads} times less memory).",
@@ -318,8 +312,7 @@ def _cache_bugs(n_heads: int, n_kv_heads: int) -> dict[str, Hint]:
 
 
 def _feed(step: Callable[..., Any], attn: MultiHeadAttention, x: Tensor, chunks: tuple[int, ...]) -> tuple[Tensor, Any]:
-    """Run ``step(attn, x_new, cache)`` on ``x`` chunk by chunk, handing each call the cache the previous one
-    returned; return the outputs, concatenated along T, and the last cache."""
+    """``step(attn, x_new, cache)`` chunk by chunk, each call given the last cache: the outputs and the last cache."""
     cache: Any = None  # what the step returned: checked below, as the answer's may be anything
     outs, start = [], 0
     for size in chunks:
@@ -335,15 +328,13 @@ def _feed(step: Callable[..., Any], attn: MultiHeadAttention, x: Tensor, chunks:
 
 
 def _fed_with_bug(attn: MultiHeadAttention, x: Tensor, chunks: tuple[int, ...], part: int, *, bug: str) -> Any:
-    """What :func:`_gqa_step` with ``bug`` gives fed ``x`` in ``chunks``: the outputs (``part=0``) or the cache (1)."""
     return _feed(functools.partial(_gqa_step, bug=bug), attn, x, chunks)[part]
 
 
 def _library_gqa(
     attn: MultiHeadAttention, x: Tensor, chunks: tuple[int, ...]
 ) -> tuple[Tensor, tuple[Tensor | None, Tensor | None]]:
-    """The library's answer: the whole sequence at once (outputs), and its KVCache filled chunk by chunk (None
-    without chunks)."""
+    """The library's outputs for the whole sequence at once, and its KVCache filled chunk by chunk."""
     cache, start = KVCache(), 0
     for size in chunks:
         attn(x[:, start : start + size], cache=cache, is_causal=True)
@@ -352,7 +343,6 @@ def _library_gqa(
 
 
 def _library_gqa_step(attn: MultiHeadAttention, x: Tensor, cache: tuple[Tensor, Tensor] | None) -> Any:
-    """One cached step of grouped-query self-attention, by the library's MultiHeadAttention and KVCache."""
     kv_cache = KVCache() if cache is None else KVCache(*cache)
     return attn(x, cache=kv_cache, is_causal=True), (kv_cache.k, kv_cache.v)
 
@@ -368,14 +358,8 @@ _GQA_CASES = (  # (name, n_heads, n_kv_heads, d_model, chunks: the prompt's leng
 @checker(reference=_library_gqa_step)
 def check_gqa_step(c: Checker, gqa_step: Callable[..., tuple[Tensor, tuple[Tensor, Tensor]]]) -> None:
     """Check ``gqa_step(attn, x, cache)``: causal self-attention of new positions with a key/value cache, for a
-    grouped-query ``MultiHeadAttention`` (``attn.n_kv_heads`` key/value heads, each shared by
-    ``attn.n_heads // attn.n_kv_heads`` query heads, head h reading key/value head ``h // (n_heads // n_kv_heads)``).
-
-    The checker feeds a sequence in chunks (a prompt, then a few tokens), passing each call the cache the
-    previous call returned (None at first), and compares the outputs with the whole sequence at once, and the
-    cache with the library's. Shapes: x (B, T_new, d_model), cache None or (k, v) each (B, n_kv_heads, T_past, d_head)
-    -> (out (B, T_new, d_model), (k, v) each (B, n_kv_heads, T_past + T_new, d_head)).
-    """
+    grouped-query ``MultiHeadAttention``, fed a sequence in chunks. Shapes: x (B, T_new, d_model), cache None or
+    (k, v) each (B, n_kv_heads, T_past, d_head) -> (out (B, T_new, d_model), the cache with T_past + T_new)."""
     torch.manual_seed(7)  # @checker restores the reader's random state afterwards
     layers = [  # (attention, x (B, T, d_model)), made before any answer runs: its random draws change no case
         (MultiHeadAttention(d, n_heads, n_kv_heads=n_kv, bias=False).eval(), torch.randn(2, sum(chunks), d))
