@@ -13,7 +13,7 @@ from torch import Tensor
 
 from ...distillation import distillation_loss
 from ...quantization import QMAX, quantize_per_channel
-from ._framework import Checker, Hint, checker
+from ._framework import Checker, Hint, checker, same_fix
 
 ANSWER_MARKERS: dict[str, tuple[str, ...]] = {  # exercise label -> strings that would give its answer away
     "ex-long-cache": ("16 gib", "9.25 gib", "padding positions"),
@@ -39,8 +39,7 @@ GIB = 2**30
 def kv_cache_gib(
     n_layers: int, n_heads: int, n_kv_heads: int, d_head: int, bytes_per_number: int, n_tokens: int, batch: int
 ) -> float:
-    """GiB of the KV caches of ``batch`` sequences of ``n_tokens``: a key and a value of ``n_kv_heads * d_head``
-    numbers per layer and token (``n_heads``, the query heads, do not count)."""
+    """GiB of the KV caches of ``batch`` sequences of ``n_tokens`` (``n_heads``, the query heads, do not count)."""
     return 2 * n_layers * n_kv_heads * d_head * bytes_per_number * n_tokens * batch / GIB
 
 
@@ -52,9 +51,8 @@ _LONG_CACHE_FIX = (
 
 @checker(answer="value", reference=kv_cache_gib(**LONG_CACHE_SETUP))  # a meta-device model's: test_exercises_ch09
 def check_kv_cache_gib(c: Checker, prediction: float) -> None:
-    """Check ``prediction``: the GiB (2**30 bytes) of the bfloat16 KV caches of a batch of 4 prompts of 32,768,
-    16,384, 4,096 and 2,048 tokens, padded to the longest, for a model of 32 layers with 32 query heads of 128
-    dimensions and 8 key/value heads."""
+    """Check ``prediction``: the GiB of the bfloat16 KV caches of a batch of 4 prompts of 32,768, 16,384, 4,096 and
+    2,048 tokens, padded to the longest, for 32 layers with 32 query heads of 128 and 8 key/value heads."""
     s = LONG_CACHE_SETUP
     expected = kv_cache_gib(**s)
 
@@ -79,7 +77,7 @@ def check_kv_cache_gib(c: Checker, prediction: float) -> None:
         "GiB of the caches",
         lambda: prediction,
         float(expected),
-        bugs={value: Hint(concept, _LONG_CACHE_FIX) for value, concept in mistakes.items()},
+        bugs=same_fix(_LONG_CACHE_FIX, mistakes),
         hint=Hint(
             "per position, every layer caches a key and a value for each key/value head; reread the formula of "
             "'The KV cache at scale', then count the positions that the batch's cache tensor holds.",
@@ -93,9 +91,8 @@ def check_kv_cache_gib(c: Checker, prediction: float) -> None:
 
 
 def _quantize_per_group(weight: Tensor, group_size: int, *, bug: str = "") -> tuple[Tensor, Tensor]:
-    """Symmetric int8 with one scale per group of ``group_size`` consecutive weights of a row, or with a bug of
-    :data:`_QUANTIZE_BUGS` ("128 wrap": the cast wraps or saturates as this machine does it). Shapes: weight
-    (out, in) -> q (out, in) int8, scale (out, in // group_size) ("columns": (out // group_size, in)) float32."""
+    """Symmetric int8 with one scale per group of a row, or with a bug of :data:`_QUANTIZE_BUGS` ("128 wrap": the cast
+    wraps or saturates as this machine does it)."""
     w = weight.detach().float()
     out_features, in_features = w.shape
     if bug == "columns":
@@ -117,7 +114,6 @@ def _quantize_per_group(weight: Tensor, group_size: int, *, bug: str = "") -> tu
 
 
 def _group_weights() -> list[tuple[str, Tensor, int]]:
-    """The checker's weights: plain, with outlier columns, one group of zeros, and a whole row as one group."""
     g = torch.Generator().manual_seed(9)
     plain = torch.randn(8, 64, generator=g) * 0.02
     outliers = torch.randn(32, 128, generator=g) * 0.02
@@ -133,22 +129,19 @@ def _group_weights() -> list[tuple[str, Tensor, int]]:
     ]
 
 
+_128 = (
+    "int8's symmetric range is [-127, 127]: with your step, the largest weight of each group lands on 128, which "
+    "int8 cannot hold"
+)
+_128_FIX = "scale = the group's largest |w| / 127, not / 128."
 _QUANTIZE_BUGS = {  # bug -> hint, for _quantize_per_group(..., bug=bug)
     "truncate": Hint(
         "your integers are off by up to a whole step: the cast to int8 truncates towards zero, where the "
         "nearest point of the grid is wanted (reread 'Quantization: int8 weights').",
         "torch.round(w / scale) before .to(torch.int8).",
     ),
-    "128": Hint(
-        "int8's symmetric range is [-127, 127]: with your step, the largest weight of each group lands on 128, "
-        "which int8 cannot hold.",
-        "scale = the group's largest |w| / 127, not / 128.",
-    ),
-    "128 wrap": Hint(
-        "int8's symmetric range is [-127, 127]: with your step, the largest weight of each group lands on 128, "
-        "which int8 cannot hold, and the cast wraps it to -128.",
-        "scale = the group's largest |w| / 127, not / 128.",
-    ),
+    "128": Hint(_128 + ".", _128_FIX),
+    "128 wrap": Hint(_128 + ", and the cast wraps it to -128.", _128_FIX),
     "row": Hint(
         "that is one scale per row (the chapter's per-channel quantization), repeated for each group: each group "
         "of group_size weights needs the largest magnitude of its own weights.",
@@ -176,16 +169,14 @@ _QUANTIZE_HINT = Hint(
 
 
 def _per_channel_groups(weight: Tensor, group_size: int) -> tuple[Tensor, Tensor]:
-    """Each group a row of the library's per-channel quantization."""
     q, scale = quantize_per_channel(weight.reshape(-1, group_size))
     return q.view(weight.shape), scale.view(weight.shape[0], -1)
 
 
 @checker(reference=_per_channel_groups)
 def check_quantize_per_group(c: Checker, quantize_per_group: Callable[[Tensor, int], tuple[Tensor, Tensor]]) -> None:
-    """Check ``quantize_per_group(weight, group_size)``: symmetric int8 with one scale per group of ``group_size``
-    consecutive weights of a row, ``scale = max|w_group| / 127`` (0 for a group of zeros), ``q = round(w / scale)``.
-    Shapes: weight (out, in) -> q (out, in) int8, scale (out, in // group_size) float32."""
+    """Check ``quantize_per_group(weight, group_size)``: symmetric int8, one scale per group of ``group_size``
+    weights of a row. Shapes: weight (out, in) -> q (out, in) int8, scale (out, in // group_size) float32."""
     cases = [(name, {"weight": weight, "group_size": size}) for name, weight, size in _group_weights()]
     c.cases(quantize_per_group, cases, _quantize_per_group, _QUANTIZE_BUGS, hint=_QUANTIZE_HINT)
     c.case(
@@ -204,8 +195,8 @@ def check_quantize_per_group(c: Checker, quantize_per_group: Callable[[Tensor, i
 
 
 def _soft_loss(student_logits: Tensor, teacher_logits: Tensor, T: float, *, bug: str = "") -> Tensor:
-    """``T**2 * KL(teacher || student)`` at temperature T, summed over the vocabulary and averaged over the rows, or
-    with a bug of :data:`_SOFT_LOSS_BUGS`. Shapes: student_logits, teacher_logits (N, vocab_size) -> a scalar."""
+    """``T**2 * KL(teacher || student)`` at temperature T, averaged over the rows, or with a bug of
+    :data:`_SOFT_LOSS_BUGS`."""
     log_p_s, log_p_t = (F.log_softmax(logits.double() / T, dim=-1) for logits in (student_logits, teacher_logits))
     if bug == "swapped":
         log_p_s, log_p_t = log_p_t, log_p_s
@@ -260,7 +251,6 @@ _SOFT_LOSS_HINT = Hint(
 
 
 def _soft_loss_cases() -> Iterator[tuple[str, dict[str, Any]]]:
-    """Each case's name and inputs: random logits of the student and (sharper) of the teacher."""
     g = torch.Generator().manual_seed(3)
     for name, N, V, T in _SOFT_LOSS_CASES:
         student, teacher = torch.randn(N, V, generator=g) * 2, torch.randn(N, V, generator=g) * 3
@@ -268,16 +258,14 @@ def _soft_loss_cases() -> Iterator[tuple[str, dict[str, Any]]]:
 
 
 def _library_soft_loss(student_logits: Tensor, teacher_logits: Tensor, T: float) -> Tensor:
-    """The library's distillation loss with only its soft term."""
     hard = torch.zeros(student_logits.shape[0], dtype=torch.long)
     return distillation_loss(student_logits, teacher_logits, hard, T, alpha=1.0)
 
 
 @checker(starter=_SOFT_LOSS_STARTER, reference=_library_soft_loss)
 def check_soft_loss(c: Checker, soft_loss: Callable[[Tensor, Tensor, float], Tensor]) -> None:
-    """Check ``soft_loss(student_logits, teacher_logits, T)``: the soft term of the distillation loss,
-    ``T**2 * KL(softmax(teacher / T) || softmax(student / T))``, the KL summed over the vocabulary and averaged over
-    the rows (positions). Shapes: student_logits, teacher_logits (N, vocab_size); T a float > 0 -> a scalar."""
+    """Check ``soft_loss(student_logits, teacher_logits, T)``: ``T**2 * KL(softmax(teacher / T) || softmax(student /
+    T))``, averaged over the rows. Shapes: student_logits, teacher_logits (N, vocab_size); T > 0 -> a scalar."""
     c.cases(soft_loss, _soft_loss_cases(), _soft_loss, _SOFT_LOSS_BUGS, hint=_SOFT_LOSS_HINT)
 
 
@@ -285,8 +273,7 @@ def check_soft_loss(c: Checker, soft_loss: Callable[[Tensor, Tensor, float], Ten
 
 
 def _accepted_tokens(proposals: Tensor, choices: Tensor, *, bug: str = "") -> Tensor:
-    """The tokens a round appends, the agreeing prefix of the proposals then the target's choice after it; or with a
-    bug of :data:`_ACCEPTED_BUGS`. Shapes: proposals (k,), choices (k + 1,) -> (n_accepted + 1,)."""
+    """The tokens a round appends, or with a bug of :data:`_ACCEPTED_BUGS`."""
     k = proposals.shape[0]
     agree = proposals == choices[:k]
     n = int(agree.sum()) if bug == "count" else int(agree.long().cumprod(dim=0).sum())
@@ -347,10 +334,9 @@ _ACCEPTED_HINT = Hint(
     reference=lambda proposals, choices: choices[: int((proposals == choices[:-1]).long().cumprod(0).sum()) + 1],
 )  # the accepted proposals equal the target's choices: the agreeing prefix of choices, plus one
 def check_accepted_tokens(c: Checker, accepted_tokens: Callable[[Tensor, Tensor], Tensor]) -> None:
-    """Check ``accepted_tokens(proposals, choices)``: the verify step of greedy speculative decoding. ``proposals``
-    holds the draft's k tokens, ``choices`` the target's k + 1 greedy tokens (after the context and after each
-    proposal); the result is the proposals up to the first disagreement, then the target's choice at that position
-    (after the last proposal when all agree). Shapes: proposals (k,), choices (k + 1,) -> (n_accepted + 1,) int64."""
+    """Check ``accepted_tokens(proposals, choices)``, the verify step of greedy speculative decoding: the draft's
+    proposals up to the first disagreement with the target's choices, then the target's choice at that position.
+    Shapes: proposals (k,), choices (k + 1,) -> (n_accepted + 1,) int64."""
     cases = (
         (f"{name}: proposals {p}, choices {t}", {"proposals": torch.tensor(p), "choices": torch.tensor(t)})
         for name, p, t in _ACCEPTED_CASES
@@ -378,15 +364,10 @@ def batched_decode_intensity(
     bytes_per_number: float,
     context: float,
 ) -> float:
-    """FLOPs per byte read of one decoding step for ``batch`` sequences at ``context`` cached positions each.
-
-    Per sequence: 2 FLOPs per parameter (a multiply-add per weight), and ``4 * n_layers * d_model * context`` for
-    attention (every query head's ``q . k`` and ``p . v`` over the cache). Bytes read: the weights once, shared by
-    the batch, plus each sequence's own cache, ``2 * n_layers * n_kv_heads * d_head * bytes_per_number`` per
-    position. ``batch=float("inf")`` gives the limit, the per-sequence FLOPs over the per-sequence cache bytes.
-    """
-    flops = 2 * n_params + 4 * n_layers * d_model * context  # per sequence
-    cache = 2 * n_layers * n_kv_heads * d_head * bytes_per_number * context  # per sequence
+    """FLOPs per byte read of one decoding step for ``batch`` sequences (``float("inf")``: the limit) at ``context``
+    cached positions each."""
+    flops = 2 * n_params + 4 * n_layers * d_model * context  # per sequence: weights, then q . k and p . v
+    cache = 2 * n_layers * n_kv_heads * d_head * bytes_per_number * context  # per sequence; the weights are shared
     if batch == float("inf"):
         return flops / cache
     return batch * flops / (n_params * bytes_per_number + batch * cache)
@@ -405,9 +386,8 @@ _INTENSITY_FIX = (
 
 @checker(answer="value", reference=batched_decode_intensity(float("inf"), **BATCH_CEILING_SETUP))
 def check_batched_intensity(c: Checker, prediction: float) -> None:
-    """Check ``prediction``: the arithmetic intensity (FLOPs per byte read) that a decoding step of the LLaMA 2 70B
-    shape approaches as the batch grows without bound, with 16-bit weights and cache and every sequence at 4,096
-    cached positions."""
+    """Check ``prediction``: the FLOPs per byte read that a decoding step of the LLaMA 2 70B shape approaches as the
+    batch grows, with 16-bit weights and cache and every sequence at 4,096 cached positions."""
     s = BATCH_CEILING_SETUP
     expected = batched_decode_intensity(float("inf"), **s)
 
@@ -432,7 +412,7 @@ def check_batched_intensity(c: Checker, prediction: float) -> None:
         "FLOPs per byte as the batch grows",
         lambda: prediction,
         float(expected),
-        bugs={value: Hint(concept, _INTENSITY_FIX) for value, concept in mistakes.items()},
+        bugs=same_fix(_INTENSITY_FIX, mistakes),
         hint=Hint(
             "write the step's FLOPs and bytes for a batch of B sequences (the weights are read once per step, each "
             "sequence's cache once), then let B grow: which terms are left?",
