@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from ...models import EncoderOnlyConfig, EncoderOnlyTransformer
-from ._framework import Checker, Hint, checker
+from ._framework import Checker, Hint, checker, same_fix
 
 ANSWER_MARKERS: dict[str, tuple[str, ...]] = {  # exercise label -> strings that would give its answer away
     "ex-empty-windows": ("0.85**15", "0.85 ** 15", "0.087", "8.7%"),
@@ -56,7 +56,7 @@ def check_empty_windows(c: Checker, prediction: float) -> None:
         "the share of windows with no selected position",
         lambda: prediction,
         expected,
-        bugs={value: Hint(concept, fix) for value, concept in mistakes.items()},
+        bugs=same_fix(fix, mistakes),
         hint=Hint(
             "a window adds nothing to the loss when none of its characters is selected; each one is selected on its "
             "own, with probability 0.15 (reread 'The masking recipe, by hand').",
@@ -72,8 +72,7 @@ def check_empty_windows(c: Checker, prediction: float) -> None:
 def _pseudo_log_likelihood(
     logits_fn: Callable[[Tensor], Tensor], ids: Tensor, mask_id: int, *, bug: str = ""
 ) -> Tensor:
-    """The sum over positions 1..T-1 of log p(ids[t]) with position t masked, one copy per position; or with a bug
-    of :data:`_PLL_BUGS`. Shapes: ids (T,) with [CLS] at 0; logits_fn (B, T) -> (B, T, vocab_size) -> a scalar."""
+    """The pseudo-log-likelihood, one masked copy per position, or with a bug of :data:`_PLL_BUGS`."""
     T = ids.shape[0]
     positions = torch.arange(0 if bug == "with cls" else 1, T)  # (n,)
     copies = ids.repeat(len(positions), 1)  # (n, T): copy i asks for position positions[i]
@@ -89,7 +88,7 @@ def _pseudo_log_likelihood(
 
 
 class _TinyMaskedLM(nn.Module):
-    """A small random encoder and head: ``forward(ids)`` gives the logits of every position, (B, T, vocab_size)."""
+    """A small random encoder and head: the logits of every position, (B, T, vocab_size)."""
 
     def __init__(self, vocab_size: int, T: int) -> None:
         super().__init__()
@@ -114,9 +113,9 @@ _PLL_FIX = (
     "make T - 1 copies of ids; in copy i put mask_id at position i + 1; logp = logits_fn(copies).log_softmax(-1); "
     "sum logp[i, i + 1, ids[i + 1]] over i."
 )
-_PLL_BUGS = {  # bug -> hint, for _pseudo_log_likelihood(..., bug=bug)
-    bug: Hint(concept, _PLL_FIX)
-    for bug, concept in {
+_PLL_BUGS = same_fix(  # bug -> hint, for _pseudo_log_likelihood(..., bug=bug)
+    _PLL_FIX,
+    {
         "no mask": "the model sees the token it is asked about: an encoder reads every position, its own included, "
         "so the token must be hidden behind mask_id first.",
         "all masked": "every position is masked at once, so each token is scored without the others as context: "
@@ -124,8 +123,8 @@ _PLL_BUGS = {  # bug -> hint, for _pseudo_log_likelihood(..., bug=bug)
         "with cls": "position 0 holds [CLS], which is not part of the text and is never predicted.",
         "mean": "that is the mean over the positions; the log-likelihood of a sequence is a sum.",
         "probabilities": "you add probabilities; a log-likelihood adds their logarithms.",
-    }.items()
-}
+    },
+)
 _PLL_HINT = Hint(
     "an encoder can score a sequence by asking for each token in turn with that token hidden, the rest visible, "
     "and adding the log-probabilities (reread 'The masking recipe, by hand').",
@@ -134,7 +133,7 @@ _PLL_HINT = Hint(
 
 
 def _pll_cases() -> Iterator[tuple[str, dict[str, Any]]]:
-    """Each case's name and inputs: a small random masked LM, a sequence behind [CLS] (id 1), the mask id 2."""
+    """A small random masked LM, a sequence behind [CLS] (id 1), the mask id 2."""
     for name, vocab_size, T, seed in _PLL_CASES:
         torch.manual_seed(seed)
         model = _TinyMaskedLM(vocab_size, T).eval()
@@ -143,18 +142,14 @@ def _pll_cases() -> Iterator[tuple[str, dict[str, Any]]]:
 
 
 def _one_pass_per_position(logits_fn: Callable, ids: Tensor, mask_id: int) -> Tensor:
-    """One forward pass per masked position, not a batch."""
     masked = (ids.where(torch.arange(len(ids)) != t, mask_id) for t in range(1, len(ids)))
     return sum(logits_fn(m[None])[0, t].log_softmax(-1)[ids[t]] for t, m in enumerate(masked, start=1))
 
 
 @checker(reference=_one_pass_per_position)
 def check_pseudo_log_likelihood(c: Checker, pseudo_log_likelihood: Callable[[Callable, Tensor, int], Tensor]) -> None:
-    """Check ``pseudo_log_likelihood(logits_fn, ids, mask_id)``: the sum over positions 1..T-1 of the log-probability
-    of ids[t] when position t alone is masked.
-
-    Shapes: ids (T,) with [CLS] at position 0; logits_fn maps (B, T) ids to (B, T, vocab_size) logits -> a scalar.
-    """
+    """Check ``pseudo_log_likelihood(logits_fn, ids, mask_id)``: the sum over t = 1..T-1 of log p(ids[t]) with
+    position t alone masked. Shapes: ids (T,), [CLS] first; logits_fn (B, T) -> (B, T, vocab_size) -> a scalar."""
     with torch.no_grad():
         c.cases(pseudo_log_likelihood, _pll_cases(), _pseudo_log_likelihood, _PLL_BUGS, hint=_PLL_HINT, atol=1e-4)
 
@@ -163,8 +158,7 @@ def check_pseudo_log_likelihood(c: Checker, pseudo_log_likelihood: Callable[[Cal
 
 
 def _last_vectors(hidden: Tensor, attention_mask: Tensor, *, bug: str = "") -> Tensor:
-    """Each sequence's vector at its last real position (right padding), or with a bug of :data:`_LAST_BUGS`.
-    Shapes: hidden (B, T, d_model), attention_mask (B, T) of 1 and 0 -> (B, d_model)."""
+    """Each sequence's vector at its last real position (right padding), or with a bug of :data:`_LAST_BUGS`."""
     if bug == "last position":
         return hidden[:, -1]
     if bug == "first position":
@@ -188,17 +182,17 @@ _LAST_FIX = (
     "lengths = attention_mask.sum(dim=1); take hidden[torch.arange(B), lengths - 1], the last real position of "
     "each row."
 )
-_LAST_BUGS = {  # bug -> hint, for _last_vectors(..., bug=bug)
-    bug: Hint(concept, _LAST_FIX)
-    for bug, concept in {
+_LAST_BUGS = same_fix(  # bug -> hint, for _last_vectors(..., bug=bug)
+    _LAST_FIX,
+    {
         "last position": "the shorter sequences end in padding: their last column is a padding position, not the "
         "end of the text (reread chapter 2 on padding, and 'Decoder-only, encoder-only, prefix-LM').",
         "first position": "under a causal mask the first position has read only the first token: it is the last "
         "real position that has read the whole sequence.",
         "mean": "the mean counts the padding positions, and the early positions, which have read only the start of "
         "the text: take the one position that has read all of it.",
-    }.items()
-}
+    },
+)
 _LAST_HINT = Hint(
     "under a causal mask only the last real token of a sequence has read all of it, and with right padding each "
     "sequence ends at its own length.",
@@ -207,7 +201,6 @@ _LAST_HINT = Hint(
 
 
 def _last_cases() -> Iterator[tuple[str, dict[str, Any]]]:
-    """Each case's name and inputs: random vectors, and an attention mask of each sequence's length."""
     g = torch.Generator().manual_seed(0)
     for name, lengths, T, d_model in _LAST_CASES:
         hidden = torch.randn(len(lengths), T, d_model, generator=g)
@@ -221,9 +214,6 @@ def _last_cases() -> Iterator[tuple[str, dict[str, Any]]]:
     ),  # the largest index of a real token, row by row
 )
 def check_last_vectors(c: Checker, last_vectors: Callable[[Tensor, Tensor], Tensor]) -> None:
-    """Check ``last_vectors(hidden, attention_mask)``: for a decoder-only model's right-padded batch, each
-    sequence's vector at its last real token.
-
-    Shapes: hidden (B, T, d_model), attention_mask (B, T) of 1 for tokens and 0 for padding -> (B, d_model).
-    """
+    """Check ``last_vectors(hidden, attention_mask)``: each sequence's vector at its last real token, for a
+    decoder-only model's right-padded batch. Shapes: hidden (B, T, d_model), attention_mask (B, T) -> (B, d_model)."""
     c.cases(last_vectors, _last_cases(), _last_vectors, _LAST_BUGS, hint=_LAST_HINT)
