@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from ...attention import MultiHeadAttention
 from ...memory import adamw_bytes_per_parameter
 from ...models import GPT, GPTConfig
-from ._framework import Checker, Hint, _short, bug_table, checker
+from ._framework import Checker, Hint, _short, bug_table, checker, same_fix
 
 ANSWER_MARKERS: dict[str, tuple[str, ...]] = {  # exercise label -> strings that would give its answer away
     "ex-bf16-state": ("2 + 2 + 2 x 2", "2 + 2 + 2 \\times 2", "zeros_like(p)"),
@@ -44,30 +44,22 @@ def _flat_grads(model: nn.Module) -> Tensor:
     return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in model.parameters()])
 
 
-def _flat_weights(model: nn.Module) -> Tensor:
-    return torch.cat([p.detach().flatten() for p in model.parameters()])
-
-
 # --------------------------------------------------------------------------- the training state of a bf16 model
 
 
-def amp_state_bytes_per_parameter() -> int:
-    """Bytes of training state per parameter of a model converted to bf16 and trained with PyTorch's AdamW: the
-    weights are bf16, their gradients too (a gradient has its parameter's dtype), and so are AdamW's two moments
-    (created like their parameter), 2 + 2 + 2 x 2. Mixed precision, whose weights stay fp32, keeps 16."""
-    return adamw_bytes_per_parameter(param_bytes=2, moment_bytes=2)
-
-
+AMP_STATE_BYTES = adamw_bytes_per_parameter(param_bytes=2, moment_bytes=2)
+"""Bytes of training state per parameter of a model converted to bf16 and trained with PyTorch's AdamW: weights,
+gradients and both moments in bf16."""
 _STATE_FIX = (
     "model.to(torch.bfloat16) converts every parameter; a gradient has its parameter's dtype; torch.optim.AdamW "
     "creates its moments with torch.zeros_like(p): 2 + 2 + 2 x 2 = 8 bytes."
 )
 
 
-@checker(answer="value", reference=adamw_bytes_per_parameter(param_bytes=2, moment_bytes=2))  # measured
+@checker(answer="value", reference=AMP_STATE_BYTES)  # measured: test_exercises_ch08.py
 def check_amp_state_bytes(c: Checker, prediction: float) -> None:
-    """Check ``prediction``: the bytes per parameter of a model's training state (weights, gradients, AdamW's
-    moments) after a step of PyTorch's AdamW on the model converted to bf16 (``model.to(torch.bfloat16)``)."""
+    """Check ``prediction``: the bytes per parameter of a model's training state after a step of PyTorch's AdamW on
+    the model converted to bf16 (``model.to(torch.bfloat16)``)."""
     mistakes = {
         16: "16 is the state of fp32 training and of mixed precision, whose weights stay fp32 (reread 'What stays in "
         "fp32'). Here the model itself was converted: in which dtype are its weights now, and in which do their "
@@ -84,8 +76,8 @@ def check_amp_state_bytes(c: Checker, prediction: float) -> None:
     c.case(
         "bytes per parameter",
         lambda: prediction,
-        float(amp_state_bytes_per_parameter()),
-        bugs={value: Hint(concept, _STATE_FIX) for value, concept in mistakes.items()},
+        float(AMP_STATE_BYTES),
+        bugs=same_fix(_STATE_FIX, mistakes),
         hint=Hint(
             "count four numbers per parameter after the step (the weight, its gradient, AdamW's two moments), "
             "each in the dtype it has once the model itself is bf16; reread 'Where the memory goes' for the "
@@ -100,8 +92,7 @@ def check_amp_state_bytes(c: Checker, prediction: float) -> None:
 
 
 def _accumulate(model: nn.Module, micro_batches: list[tuple[Tensor, Tensor]], *, bug: str = "") -> None:
-    """Accumulate the gradient of the batch's mean loss over its micro-batches, each micro-batch's mean loss weighted
-    by its share of the batch's target tokens; or with a bug of :data:`_ACCUMULATE_BUGS`."""
+    """The gradient of the batch's mean loss, micro-batch by micro-batch, or with a bug of :data:`_ACCUMULATE_BUGS`."""
     n_targets = sum(int((y != IGNORE).sum()) for _, y in micro_batches)
     n_positions = sum(y.numel() for _, y in micro_batches)
     for x, y in micro_batches:
@@ -112,7 +103,6 @@ def _accumulate(model: nn.Module, micro_batches: list[tuple[Tensor, Tensor]], *,
 
 
 def _whole_batch_grads(model: nn.Module, micro_batches: list[tuple[Tensor, Tensor]]) -> Tensor:
-    """The gradient of the mean loss over every target token of the batch, in one forward and backward pass."""
     x = torch.cat([x for x, _ in micro_batches])
     y = torch.cat([y for _, y in micro_batches])
     model.zero_grad()
@@ -121,7 +111,7 @@ def _whole_batch_grads(model: nn.Module, micro_batches: list[tuple[Tensor, Tenso
 
 
 def _micro_batches(sizes: tuple[int, ...], ignored: tuple[int, ...], seed: int) -> list[tuple[Tensor, Tensor]]:
-    """Micro-batches of ``sizes[i]`` sequences of 8 tokens whose last ``ignored[i]`` targets are ``IGNORE``."""
+    """Micro-batches of ``sizes[i]`` sequences whose last ``ignored[i]`` targets are ``IGNORE``."""
     g = torch.Generator().manual_seed(seed)
     out = []
     for size, n_ignored in zip(sizes, ignored, strict=True):
@@ -190,7 +180,6 @@ def accumulate(model, micro_batches):  # find and fix the bug
 
 
 def _accumulate_by_share(model: nn.Module, micro_batches: list[tuple[Tensor, Tensor]]) -> None:
-    """Each micro-batch's mean loss weighted by its share of the batch's target tokens."""
     n = sum((y != IGNORE).sum() for _, y in micro_batches)
     for x, y in micro_batches:
         (model(x, y)[1] * (y != IGNORE).sum() / n).backward()
@@ -198,9 +187,8 @@ def _accumulate_by_share(model: nn.Module, micro_batches: list[tuple[Tensor, Ten
 
 @checker(starter=_ACCUMULATE_STARTER, reference=_accumulate_by_share)
 def check_accumulate(c: Checker, accumulate: Callable[[nn.Module, list], Any]) -> None:
-    """Check ``accumulate(model, micro_batches)``: after it, the gradients of ``model`` (a ``GPT``, whose loss is the
-    mean over the targets that are not -100) are those of one pass on the concatenated micro-batches. Shapes:
-    micro_batches a list of (x, y), each (B_i, T) token ids; y is -100 where a target is ignored."""
+    """Check ``accumulate(model, micro_batches)``: after it, the gradients of ``model`` (a ``GPT``) are those of one
+    pass on the concatenated micro-batches. Shapes: a list of (x, y), each (B_i, T); y is -100 where ignored."""
     for i, (name, sizes, ignored) in enumerate(_ACCUMULATE_CASES):
         micro = _micro_batches(sizes, ignored, seed=i)
         c.case(
@@ -219,8 +207,8 @@ def check_accumulate(c: Checker, accumulate: Callable[[nn.Module, list], Any]) -
 def _scaled_step(
     model: nn.Module, optimizer: Any, scaler: Any, x: Tensor, y: Tensor, max_norm: float, *, bug: str = ""
 ) -> None:
-    """One fp16 training step with loss scaling and gradient clipping, or with a bug of :data:`_SCALED_STEP_BUGS`
-    ("no_update" never updates the scale: GradScaler then refuses the next step)."""
+    """One fp16 step with loss scaling and clipping, as PyTorch's AMP recipe writes it, or with a bug of
+    :data:`_SCALED_STEP_BUGS`."""
     optimizer.zero_grad()
     with torch.autocast("cpu", dtype=torch.float16):
         loss = model(x, y)[1]
@@ -245,7 +233,6 @@ SCALED_STEP_LR = 1e-2
 
 
 def _scaler_error_hint(error: BaseException) -> Hint | str:
-    """What GradScaler's own errors mean for the answer."""
     text = str(error)
     if "unscale_() is being called after step()" in text:
         return Hint(
@@ -262,7 +249,7 @@ def _scaler_error_hint(error: BaseException) -> Hint | str:
 
 
 def _run_steps(step: Callable[..., Any], init_scale: float, n_steps: int, max_norm: float) -> tuple[Tensor, float]:
-    """The weights and the scale after ``n_steps`` calls of ``step`` on a fresh tiny GPT, AdamW and GradScaler."""
+    """The weights and the scale after ``n_steps`` calls of ``step`` on a fresh model, AdamW and GradScaler."""
     model = _tiny_gpt(seed=0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=SCALED_STEP_LR)
     scaler = torch.amp.GradScaler("cpu", init_scale=init_scale, growth_interval=2)
@@ -270,7 +257,7 @@ def _run_steps(step: Callable[..., Any], init_scale: float, n_steps: int, max_no
     for _ in range(n_steps):
         x = torch.randint(0, _TINY.vocab_size, (4, _TINY.block_size), generator=g)
         step(model, optimizer, scaler, x, torch.roll(x, -1, dims=1), max_norm)
-    return _flat_weights(model), float(scaler.get_scale())
+    return torch.cat([p.detach().flatten() for p in model.parameters()]), float(scaler.get_scale())
 
 
 def _steps_with_bug(init_scale: float, n_steps: int, max_norm: float, *, bug: str) -> tuple[Tensor, float]:
@@ -328,27 +315,11 @@ def scaled_step(model, optimizer, scaler, x, y, max_norm):  # find and fix the b
 """
 
 
-def _unscaled_then_clipped(
-    model: nn.Module, optimizer: Any, scaler: Any, x: Tensor, y: Tensor, max_norm: float
-) -> None:
-    """One fp16 step as PyTorch's AMP recipe writes it: unscale_ before clipping, then step and update."""
-    optimizer.zero_grad()
-    with torch.autocast("cpu", dtype=torch.float16):
-        loss = model(x, y)[1]
-    scaler.scale(loss).backward()
-    scaler.unscale_(optimizer)
-    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-    scaler.step(optimizer)
-    scaler.update()
-
-
-@checker(starter=_SCALED_STEP_STARTER, reference=_unscaled_then_clipped)
+@checker(starter=_SCALED_STEP_STARTER, reference=_scaled_step)
 def check_scaled_step(c: Checker, scaled_step: Callable[..., Any]) -> None:
-    """Check ``scaled_step(model, optimizer, scaler, x, y, max_norm)``: one training step of ``model`` (a ``GPT``)
-    under ``torch.autocast`` in fp16 on the CPU, with the loss scaled by ``scaler`` (a ``torch.amp.GradScaler``),
-    the *true* gradients clipped to a norm of at most ``max_norm``, the step skipped when a gradient overflowed,
-    and the scale updated. The checker compares the weights and the scale after a few steps on a fresh model,
-    AdamW and GradScaler with the right step's. Shapes: x, y (B, T) token ids."""
+    """Check ``scaled_step(model, optimizer, scaler, x, y, max_norm)``: one fp16 training step of ``model`` with the
+    loss scaled by ``scaler`` (a ``torch.amp.GradScaler``), the *true* gradients clipped to ``max_norm``, the step
+    skipped after an overflow and the scale updated. Shapes: x, y (B, T) token ids."""
     for name, init_scale, n_steps, max_norm in _SCALED_STEP_CASES:
         c.case(
             name,
@@ -365,9 +336,8 @@ def check_scaled_step(c: Checker, scaled_step: Callable[..., Any]) -> None:
 
 
 def _attention_shard(attn: MultiHeadAttention, x: Tensor, rank: int, world_size: int, *, bug: str = "") -> Tensor:
-    """Process ``rank``'s share of causal self-attention with the heads split over ``world_size`` processes
-    (Megatron): its block of heads, their slice of W_q, W_k, W_v (by output features) and of W_o (by input
-    features), without W_o's bias; or with a bug of :data:`_SHARD_BUGS`. Shapes: x (B, T, d_model) -> the same."""
+    """Process ``rank``'s share of causal self-attention with the heads split over ``world_size`` processes, or with
+    a bug of :data:`_SHARD_BUGS`."""
     B, T, _ = x.shape
     per_process = attn.n_heads // world_size
     if bug == "interleaved":
@@ -391,7 +361,6 @@ def _attention_shard(attn: MultiHeadAttention, x: Tensor, rank: int, world_size:
 
 
 def _all_shards(shard: Callable[..., Tensor], attn: MultiHeadAttention, x: Tensor, world_size: int) -> Tensor:
-    """Every process's share, stacked: (world_size, B, T, d_model)."""
     return torch.stack([shard(attn, x, rank, world_size) for rank in range(world_size)])
 
 
@@ -400,7 +369,6 @@ def _shards(attn: MultiHeadAttention, x: Tensor, world_size: int, *, bug: str = 
 
 
 def _shard_cases() -> Iterator[tuple[str, dict[str, Any]]]:
-    """Each case's name and inputs: a layer of ``n_heads`` heads of 4 dimensions, x (B, 5, d_model)."""
     for i, (name, n_heads, world_size) in enumerate(_SHARD_CASES):
         torch.manual_seed(i)
         attn = MultiHeadAttention(4 * n_heads, n_heads, bias=True)
@@ -445,8 +413,7 @@ _SHARD_HINT = Hint(
 
 
 def _silenced_heads(attn: MultiHeadAttention, x: Tensor, rank: int, world_size: int) -> Tensor:
-    """The library's layer with the other processes' heads silenced (their values zeroed, so they output nothing)
-    and without the output bias, which the all-reduce adds once."""
+    """The library's layer with the other processes' heads silenced (their values zeroed) and no output bias."""
     mine = copy.deepcopy(attn)
     per_process = attn.n_heads // world_size
     others = torch.ones(attn.n_heads, dtype=torch.bool)
@@ -463,11 +430,8 @@ def _silenced_heads(attn: MultiHeadAttention, x: Tensor, rank: int, world_size: 
 def check_attention_shard(
     c: Checker, attention_shard: Callable[[MultiHeadAttention, Tensor, int, int], Tensor]
 ) -> None:
-    """Check ``attention_shard(attn, x, rank, world_size)``: process ``rank``'s share of the causal self-attention
-    ``attn(x, is_causal=True)`` when its heads are split over ``world_size`` processes, Megatron-style. Process r
-    holds the heads ``r * n_heads / world_size`` to ``(r + 1) * n_heads / world_size - 1``, the matching output
-    features of ``q_proj``, ``k_proj``, ``v_proj`` and input features of ``out_proj``; its share leaves out
-    ``out_proj``'s bias, which is added once after the all-reduce: the shares of all processes sum to
+    """Check ``attention_shard(attn, x, rank, world_size)``: process ``rank``'s share of ``attn(x, is_causal=True)``
+    with its heads split over ``world_size`` processes, Megatron-style, a contiguous block each; the shares sum to
     ``attn(x, is_causal=True) - attn.out_proj.bias``. Shapes: x (B, T, d_model) -> (B, T, d_model)."""
     answer = functools.partial(_all_shards, attention_shard)
     c.cases(answer, _shard_cases(), _shards, _SHARD_BUGS, hint=_SHARD_HINT)
@@ -482,13 +446,10 @@ PIPELINE_T_FORWARD, PIPELINE_T_BACKWARD = 1, 2
 def pipeline_timeline(schedule: Any, p: int, m: int) -> tuple[str, list[int], int]:
     """Run a pipeline schedule on paper: ``(problem, peaks, finish)``.
 
-    ``schedule[s]`` is stage ``s``'s order of work, ``("F", i)`` and ``("B", i)`` for the micro-batches ``i`` of
-    ``range(m)``. Each step starts as early as its stage is free and its inputs exist: stage ``s``'s forward of
-    ``i`` needs stage ``s - 1``'s, its backward needs its own forward and stage ``s + 1``'s backward; a forward
-    takes :data:`PIPELINE_T_FORWARD`, a backward :data:`PIPELINE_T_BACKWARD`, a message no time. ``problem`` is
-    ``"ok"`` or what is wrong (a missing step, a deadlock); ``peaks[s]``: the most micro-batches whose forward
-    stage ``s`` has run and whose backward it has not (their activations are held); ``finish``: when the last
-    step ends.
+    ``schedule[s]`` is stage ``s``'s order of work, ``("F", i)`` and ``("B", i)`` for ``i`` in ``range(m)``; each
+    step starts as early as its stage is free and its inputs exist. ``problem`` is ``"ok"`` or what is wrong (a
+    missing step, a deadlock); ``peaks[s]``: the most micro-batches whose activations stage ``s`` holds at once;
+    ``finish``: when the last step ends.
     """
     orders = _stage_orders(schedule, p, m)
     if isinstance(orders, str):
@@ -519,8 +480,7 @@ def _stage_orders(schedule: Any, p: int, m: int) -> list[list[tuple[str, int]]] 
 
 
 def _run_on_paper(orders: list[list[tuple[str, int]]]) -> tuple[list[int], list[int]]:
-    """Each stage's steps, each as early as its stage is free and its inputs exist: (how many steps each stage
-    ran before it waited for good, when each stage is free)."""
+    """(How many steps each stage ran before it waited for good, when each stage is free)."""
     p = len(orders)
     done: dict[tuple[str, int, int], int] = {}  # (kind, stage, micro-batch) -> when it ended
     free, position = [0] * p, [0] * p
@@ -544,8 +504,7 @@ def _run_on_paper(orders: list[list[tuple[str, int]]]) -> tuple[list[int], list[
 
 
 def _one_f_one_b(p: int, m: int, *, bug: str = "") -> list[list[tuple[str, int]]]:
-    """The 1F1B schedule (PipeDream-Flush): stage ``s`` runs the forwards it can before the first gradient
-    returns, then alternates one forward and one backward, then drains the backwards; or a classic mistake."""
+    """The 1F1B schedule (PipeDream-Flush), or with a bug of :data:`_ONE_F_ONE_B_BUGS`."""
     schedule = []
     for s in range(p):
         ahead = {"gpipe": m, "same": min(p - 1, m), "reversed": min(s, m), "uncapped": p - s - 1}.get(bug, None)
@@ -565,7 +524,6 @@ def _timeline(p: int, m: int, *, bug: str = "") -> tuple[str, list[int], int]:
 
 
 def _on_paper(one_f_one_b: Callable[[int, int], Any]) -> Callable[[int, int], tuple[str, list[int], int]]:
-    """The timeline of the schedules that ``one_f_one_b(p, m)`` writes."""
     return lambda p, m: pipeline_timeline(one_f_one_b(p, m), p, m)
 
 
@@ -574,9 +532,9 @@ _ONE_F_ONE_B_FIX = (
     "stage s runs min(p - s - 1, m) forwards ahead, then alternates ('F', next) and ('B', oldest) until every "
     "forward is done, then runs the remaining backwards: the last stage alternates from the start."
 )
-_ONE_F_ONE_B_BUGS = {  # bug -> hint, for _one_f_one_b(..., bug=bug)
-    bug: Hint(concept, _ONE_F_ONE_B_FIX)
-    for bug, concept in {
+_ONE_F_ONE_B_BUGS = same_fix(  # bug -> hint, for _one_f_one_b(..., bug=bug)
+    _ONE_F_ONE_B_FIX,
+    {
         "gpipe": "that is GPipe's order, every forward before the first backward: each stage holds the activations "
         "of all m micro-batches at its peak. A stage can run a micro-batch's backward as soon as the next stage has "
         "sent that micro-batch's gradient back; it need not finish its forwards first.",
@@ -588,8 +546,8 @@ _ONE_F_ONE_B_BUGS = {  # bug -> hint, for _one_f_one_b(..., bug=bug)
         "only after micro-batch 0 has gone through every later stage and back.",
         "uncapped": "with fewer micro-batches than stages, a stage cannot run more forwards ahead than there are "
         "micro-batches.",
-    }.items()
-}
+    },
+)
 _ONE_F_ONE_B_HINT = Hint(
     "count how many forwards stage s can run before the gradient of micro-batch 0 comes back to it (it travels "
     "forward through the later stages and back), keep that many micro-batches in flight, then alternate one "
@@ -610,11 +568,9 @@ def _one_f_one_b_as_a_sort(p: int, m: int) -> list[list[tuple[str, int]]]:
 
 @checker(reference=_one_f_one_b_as_a_sort)
 def check_one_f_one_b(c: Checker, one_f_one_b: Callable[[int, int], Any]) -> None:
-    """Check ``one_f_one_b(p, m)``: for each of ``p`` pipeline stages, its order of work on ``m`` micro-batches,
-    ``[("F", 0), ..., ("B", 0), ...]``, such that stage ``s`` never holds the activations of more than
-    ``min(p - s, m)`` micro-batches and the step ends as early as GPipe's (every forward, then every backward).
-    Each case is run on paper by :func:`pipeline_timeline` and compared as (problem, the most micro-batches each
-    stage holds, the finishing time)."""
+    """Check ``one_f_one_b(p, m)``: each of ``p`` stages' order of work on ``m`` micro-batches, ``[("F", 0), ...,
+    ("B", 0), ...]``, stage ``s`` holding at most ``min(p - s, m)`` micro-batches and ending as early as GPipe,
+    compared on paper by :func:`pipeline_timeline`."""
     cases = (
         (f"{p} stages, {m} micro-batches: (problem, held per stage, finish time)", {"p": p, "m": m})
         for p, m in _ONE_F_ONE_B_CASES
