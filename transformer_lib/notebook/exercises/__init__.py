@@ -1,12 +1,9 @@
 """Automatic checkers for the chapters' exercises, one module per chapter.
 
-Each ``check_<name>(student_answer)`` runs hidden cases (shapes, equality with the library, leak checks),
-prints which case failed, expected against got, then each hint's concept once, and returns a
-:class:`CheckResult`; ``check_<name>.hint()`` prints the fixes in code of its last failed call. A wrong
-answer never crashes a checker, and a failed case names the classic bug it recognises (those that popular
-tutorials ship). ``_framework`` holds the case runner and ``@checker``, which registers each chapter's
-checkers in :data:`REGISTRY`; this package exports them all. :mod:`.catalogue` lists every chapter's
-exercises; CONTRIBUTING.md ("Writing a checker") shows how to add one.
+Each ``check_<name>(student_answer)`` runs hidden cases, prints which failed and the concept of each hint, naming
+the classic bugs it recognises, and returns a :class:`CheckResult`; ``check_<name>.hint()`` prints the fixes in
+code. ``@checker`` (``_framework``) registers each chapter's checkers; this package exports them all.
+:mod:`.catalogue` lists every chapter's exercises; CONTRIBUTING.md ("Writing a checker") shows how to add one.
 """
 
 import importlib

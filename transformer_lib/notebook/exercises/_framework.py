@@ -320,12 +320,8 @@ def _run_with_alarm(call: Callable[[], Any], seconds: float) -> tuple[Any, BaseE
 
 
 def _run_in_thread(call: Callable[[], Any], seconds: float) -> tuple[Any, BaseException | None]:
-    """:func:`_call` in a daemon thread, waiting at most ``seconds`` (where SIGALRM is not available).
-
-    Python cannot kill a thread: an answer that never returns keeps running in the background until the
-    kernel restarts. It works on its own copies of the inputs, so the later cases are unaffected, but
-    it may still draw from the global random generators after the checker restored them.
-    """
+    """:func:`_call` in a daemon thread, waiting at most ``seconds`` (where SIGALRM is not available). Python cannot
+    kill a thread: an answer that never returns runs on, on its own copies of the inputs, until the kernel restarts."""
     outcome: list[tuple[Any, BaseException | None]] = []
     grad_enabled = torch.is_grad_enabled()  # grad mode is per thread: carry the checker's torch.no_grad() over
 
@@ -461,8 +457,7 @@ def _code_objects(functions: Iterable[Any]) -> dict[CodeType, str]:
 
 
 class Checker:
-    """Runs a checker's cases, collects one feedback line per case and the failed cases' hints, and counts the
-    failures."""
+    """Runs a checker's cases: one feedback line per case, the failed cases' hints, the number of failures."""
 
     def __init__(self, title: str, timeout_seconds: float | None = None) -> None:
         self.title, self.failures = title, 0
@@ -493,14 +488,10 @@ class Checker:
         atol: float = 1e-5,
         inputs: dict[str, Any] | None = None,
     ) -> None:
-        """Run ``answer`` on copies of ``inputs``, compare with ``expected``; if it differs, name the matching bug.
-
-        ``answer`` receives copies of ``inputs`` as keyword arguments (``lambda x, n_heads: split_heads(x,
-        n_heads)``); the case fails, naming the input, if it changes them in place. ``error_hint``, the hint when
-        the answer raises, may be a function of the exception. ``bugs`` are :class:`Bug` objects
-        (:func:`bug_table`) or a prediction's ``{wrong value: hint}``; the hints of several bugs that give the
-        answer's result are merged ("one of"). Every hint is a ``str`` (a concept) or a :class:`Hint`.
-        """
+        """Run ``answer`` on copies of ``inputs`` (keyword arguments; changing them in place fails the case), compare
+        with ``expected``; if it differs, name the matching ``bugs``, :class:`Bug` objects (:func:`bug_table`) or a
+        prediction's ``{wrong value: hint}``. ``error_hint``, the hint when the answer raises, may be a function of
+        the exception."""
         expected = _independent_copy(expected)
         inputs = inputs or {}
         copies = copy.deepcopy(inputs)  # one copy per object: aliased inputs (key is value) stay aliased
@@ -729,16 +720,13 @@ def checker(
     starter: str | None = None,
     reference: Any = None,
 ) -> Any:
-    """Turn ``body(c, answer)`` into the public ``check_<name>(answer) -> CheckResult`` of the same name, and
-    register it in :data:`REGISTRY` under its chapter module.
+    """Turn ``body(c, answer)`` into the public ``check_<name>(answer) -> CheckResult``, registered in
+    :data:`REGISTRY` under its chapter module, with ``check_<name>.hint()`` printing its last call's fixes.
 
-    ``@checker`` checks a function; ``@checker(answer="value")`` checks a value (a prediction), passed to
-    ``body`` as it is. An unanswered starter (``...``) gets "not answered yet" and no case runs; every call is
-    recorded for the grader (:func:`grader_records`). ``@checker(starter=SOURCE)`` declares a *Spot the bug*
-    starter cell (its source as in the notebook): the code of a function or class it defines, unchanged but
-    for whitespace and comments, is "not answered yet". ``reference`` is a right answer found independently
-    where possible (the library's function); the shared tests hand it to the checker. ``check_<name>.hint()``
-    prints the fixes in code of its last call; ``.starter`` and ``.reference`` are the arguments.
+    ``answer="value"`` checks a prediction, passed to ``body`` as it is. An unanswered starter (``...``, or the
+    code of a function or class that ``starter``, a *Spot the bug* cell's source, defines) gets "not answered
+    yet"; every call is recorded for the grader. ``reference`` is a right answer found independently where
+    possible, which the shared tests hand to the checker.
     """
     _validate_checker_arguments(answer, starter)
     if body is None:
