@@ -81,12 +81,16 @@ def test_the_sweep_table_reads_every_run():
         "runs": [
             {"seed_shift": s, "precision": "auto", "seconds": 60.0, "errors": [],
              "records": {"gain": {"value": v, "above": 0.2, "below": None, "held": v > 0.2, "claim": True},
-                         "word": {"value": "beats"}}}
+                         "word": {"value": "beats"}, "left": {"value": s // 1000}}}
             for s, v in ((0, 0.5), (1000, 0.3), (2000, 0.1))
         ],
     }  # fmt: skip
     table = evidence.sweep_table(record)
-    assert "1 claims, 3 runs" in table and "<code>gain</code>" in table and "word" not in table
+    assert "1 claims and 1 numbers read, 3 runs" in table and "<code>gain</code>" in table and "word" not in table
+    assert (
+        "<td><code>left</code></td><td>0</td><td>0</td><td>1</td><td>2</td><td>(read, not asserted)</td><td></td>"
+        in table
+    )
     assert "<td>0.5</td><td>0.1</td><td>0.3</td><td>0.5</td><td>&gt; 0.2</td><td>2 of 3</td>" in table
 
 

@@ -69,27 +69,29 @@ def _record(entry: dict) -> None:
 
 
 def sweep_table(record: dict) -> str:
-    """One chapter's sweep (a ``book/evidence/*.json`` record) as an HTML table: per claim, the book's run,
-    the least, median and largest value over the sweep, the margin its assert uses, and the runs it held in.
-    """
+    """One chapter's sweep (a ``book/evidence/*.json`` record) as an HTML table: per glued number, the book's
+    run, the least, median and largest value over the sweep and, for a claim, the bound its assert uses and
+    the runs it held in."""
     runs = record["runs"]
-    names = sorted({n for run in runs for n, r in run["records"].items() if r.get("claim")})
+    numeric = {n for run in runs for n, r in run["records"].items() if not isinstance(r["value"], str)}
     rows = []
-    for name in names:
+    for name in sorted(numeric):
         entries = [run["records"][name] for run in runs if name in run["records"]]
         values = sorted(e["value"] for e in entries)
-        margin = " and ".join(f"{w} {e:g}" for w, e in (("&gt;", entries[0]["above"]), ("&lt;", entries[0]["below"]))
-                              if e is not None)  # fmt: skip
         first = runs[0]["records"].get(name, {}).get("value", float("nan"))
-        spread = (first, values[0], statistics.median(values), values[-1])
-        held = f"{sum(e['held'] for e in entries)} of {len(runs)}"
-        cells = [f"<code>{name}</code>", *(f"{v:.4g}" for v in spread), margin, held]
+        spread = [f"{v:.4g}" for v in (first, values[0], statistics.median(values), values[-1])]
+        bounds = (("&gt;", entries[0].get("above")), ("&lt;", entries[0].get("below")))
+        asserted = " and ".join(f"{word} {b:g}" for word, b in bounds if b is not None) or "(read, not asserted)"
+        held = f"{sum(e['held'] for e in entries)} of {len(runs)}" if entries[0].get("claim") else ""
+        cells = [f"<code>{name}</code>", *spread, asserted, held]
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
-    head = ["claim", "book's run", "least", "median", "largest", "asserted", "held in"]
+    head = ["glued number", "book's run", "least", "median", "largest", "asserted", "held in"]
     m = record["machine"]
+    claims = sum(1 for name in numeric if any(run["records"].get(name, {}).get("claim") for run in runs))
     sweep = "; ".join(f"seeds +{r['seed_shift']} {r['precision']} ({r['seconds']:.0f} s)" for r in runs)
     return (
-        f"<p>{len(names)} claims, {len(runs)} runs ({sweep}) on {m['cores']} cores of {m['cpu']} ({m['capability']}, "
-        f"native {m['native']}, torch {m['torch']}), {record['date']}, commit {record['commit']}.</p>"
-        "<table><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>" + "".join(rows) + "</table>"
-    )
+        f"<p>{claims} claims and {len(numeric) - claims} numbers read, {len(runs)} runs ({sweep}) on {m['cores']} "
+        f"cores of {m['cpu']} ({m['capability']}, native {m['native']}, torch {m['torch']}), {record['date']}, "
+        f"commit {record['commit']}.</p><table><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>"
+        + "".join(rows) + "</table>"
+    )  # fmt: skip
