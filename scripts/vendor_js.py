@@ -91,10 +91,12 @@ PACKAGES: tuple[Package, ...] = (
     ),
     Package(
         "@jupyter-widgets/html-manager",
-        # embed-amd.js plus the icon fonts (woff2/woff; browsers skip the eot/ttf/svg fallbacks).
-        copy=("dist/embed-amd.js", "dist/*.woff2", "dist/*.woff"),
+        # embed-amd.js plus the icon fonts it asks for (woff2, woff, ttf; browsers skip eot and svg);
+        # book/_ext/static/widget-fonts.js points the widget manager at this folder for them.
+        copy=("dist/embed-amd.js", "dist/*.woff2", "dist/*.woff", "dist/*.ttf"),
         strip="dist/",
         licence_files=("LICENSE", "dist/embed.js.LICENSE.txt"),
+        also_exist=("be9ee23c0c6390141475.ttf",),  # so a book/_vendor without the .ttf is fetched again
     ),
     Package("d3", copy=("dist/d3.min.js",), strip="dist/", licence_files=("LICENSE",)),
     Package("jquery", copy=("dist/jquery.min.js",), strip="dist/", licence_files=("MIT-LICENSE.txt",)),

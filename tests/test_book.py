@@ -4,7 +4,8 @@ The book is built once per session (``scripts/build_book.py --fresh``), only whe
 ``_build/html`` is missing or a source is newer than the last successful build. Each page
 of ``_toc.yml`` is then opened in headless Chromium with the network disabled; the test
 reads the DOM after the scripts ran and checks what a reader would see: figures, rendered
-widgets, bertviz views, typeset equations, and no error output or uncaught script errors.
+widgets, bertviz views, typeset equations, code lines that fit their boxes, and no error output,
+uncaught script error or failed request (the server records every request it cannot answer).
 Screenshots land in ``_build/screenshots/`` as artifacts.
 
 Environment:
@@ -29,7 +30,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cache, partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from io import BytesIO
 from pathlib import Path
+from typing import BinaryIO
 
 import pytest
 
@@ -54,10 +57,10 @@ EXTRA_REQUIRES = {
     "chapters/07_decoder_only": {"bertviz"},
 }
 
-# Chromium with every network request failing fast, except to the local server of the book.
+# Chromium with every network request failing fast, except to the local server of the book, which is also
+# the proxy (_render): a request for any other host reaches it and fails there, recorded.
 NETWORK_OFF = [
     "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE localhost, EXCLUDE 127.0.0.1",
-    "--proxy-server=127.0.0.1:9",
     "--disable-background-networking",
     "--disable-component-update",
     "--disable-sync",
@@ -177,15 +180,47 @@ class Rendered:
         return bs4.BeautifulSoup(self.dom, "html.parser")
 
 
-class _QuietHandler(SimpleHTTPRequestHandler):
+# Every request of a page that failed: the book's server answered 404 (a file the build lacks), or the
+# request was for another host (the server is Chromium's proxy too, and answers those with an error).
+FAILED_REQUESTS: list[str] = []
+# What Chromium asks for by itself, whatever the page: its services at Google (updates, sign-in, clock,
+# optimization hints; not Google's CDNs for pages, ajax. and fonts.googleapis.com), and the site's icon.
+CHROMIUM_OWN = re.compile(r"^\w+ (https?://)?(?!ajax\.|fonts\.)[\w.-]+\.google(apis)?\.com[:/]|^GET /favicon\.ico$")
+
+# Added to each page the server sends: once the page and its fonts have loaded, the page's <body> lists
+# in data-clipped-code the start of every code or output box whose text is wider than the box.
+CLIPPED_CODE_PROBE = b"""<script>
+window.addEventListener("load", () => document.fonts.ready.then(() => {
+  const clipped = [...document.querySelectorAll("article pre")].filter((pre) => pre.scrollWidth > pre.clientWidth);
+  document.body.dataset.clippedCode = JSON.stringify(clipped.map((pre) => pre.textContent.slice(0, 100)));
+}));
+</script>"""
+
+
+class _BookHandler(SimpleHTTPRequestHandler):
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002
         pass
+
+    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+        if isinstance(code, int) and code >= 400 and not CHROMIUM_OWN.match(f"{self.command} {self.path}"):
+            FAILED_REQUESTS.append(f"{code} {self.command} {self.path} (from {self.headers.get('Referer', '?')})")
+
+    def send_head(self) -> BinaryIO | None:
+        page = Path(self.translate_path(self.path))
+        if self.command != "GET" or page.suffix != ".html" or not page.is_file():
+            return super().send_head()
+        body = page.read_bytes().replace(b"</body>", CLIPPED_CODE_PROBE + b"</body>", 1)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        return BytesIO(body)
 
 
 @pytest.fixture(scope="session")
 def server(book: Path) -> Iterator[str]:
     """Serve _build/html on 127.0.0.1 (as a reader's web server would); yield the base URL."""
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), partial(_QuietHandler, directory=str(book)))
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), partial(_BookHandler, directory=str(book)))
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     try:
@@ -208,6 +243,7 @@ def _render(chromium: str, base_url: str, doc: str) -> Rendered:
             f"--user-data-dir={profile}",
             "--hide-scrollbars",
             *NETWORK_OFF,
+            f"--proxy-server={base_url.split('//', 1)[1].rstrip('/')}",
             f"--virtual-time-budget={VIRTUAL_TIME_MS}",
             f"--window-size={WINDOW}",
             "--enable-logging=stderr",
@@ -439,6 +475,22 @@ def test_bertviz_views_render(rendered: dict[str, Rendered], doc: str) -> None:
 
 
 @pytest.mark.browser
+def test_no_request_fails(rendered: dict[str, Rendered]) -> None:
+    """Every file the pages ask for (scripts, styles, fonts, images) is in the build, and none asks another host."""
+    failed = sorted(set(FAILED_REQUESTS))
+    assert not failed, f"{len(failed)} failed requests:\n" + "\n".join(failed)
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("doc", DOCS)
+def test_code_lines_fit_their_box(rendered: dict[str, Rendered], doc: str) -> None:
+    """No line of code or output is cut at its box's right edge (book/_ext/static/code-wrap.css wraps them)."""
+    clipped = rendered[doc].soup.body.get("data-clipped-code")
+    assert clipped is not None, f"{doc}: the page's probe of its code boxes did not run"
+    assert json.loads(clipped) == [], f"{doc}: code boxes that need sideways scrolling: {clipped}"
+
+
+@pytest.mark.browser
 def test_chapters_cite_the_bibliography(rendered: dict[str, Rendered]) -> None:
     """Every chapter cites at least one work, and the citation links to the bibliography page."""
     for doc in CHAPTERS:
@@ -463,6 +515,30 @@ def test_exercises_are_numbered_per_chapter(book: Path) -> None:
             text = " ".join(link.get_text(" ", strip=True).split())
             if number and text.startswith("Exercise"):  # "Exercise 1.1 (Spot the bug: ...)", never "Exercise 17"
                 assert re.fullmatch(rf"Exercise {re.escape(number)}( \(.+\))?", text), (chapter, text)
+
+
+# MyST that plain JupyterLab shows as raw text: roles ({cite:t}`key`, {glue}, ...), directives, colon fences.
+RAW_MYST = re.compile(r"\{[\w:-]+\}`|\{cite|\{glue|```\{|:::")
+
+
+def test_what_jupyter_lab_opens_shows_no_raw_markup() -> None:
+    """The notebooks that the README and book/how_to_use.md tell a reader to open with `jupyter lab` render in
+    plain JupyterLab: no MyST role, directive or colon fence in their Markdown cells."""
+    import nbformat
+
+    opened = {
+        path.rstrip("/`.")
+        for doc in ("README.md", "book/how_to_use.md")
+        for path in re.findall(r"jupyter lab ([\w./-]+)", (ROOT / doc).read_text(encoding="utf-8"))
+    }
+    assert opened, "neither the README nor how_to_use.md says what to open with `jupyter lab`"
+    for path in sorted(opened):
+        notebooks = sorted((ROOT / path).glob("*.ipynb")) if (ROOT / path).is_dir() else [ROOT / path]
+        assert notebooks and all(nb.is_file() for nb in notebooks), f"`jupyter lab {path}` opens no notebook"
+        for nb in notebooks:
+            for cell in nbformat.read(nb, as_version=4).cells:
+                raw = RAW_MYST.search(cell.source) if cell.cell_type == "markdown" else None
+                assert raw is None, f"`jupyter lab {path}`: {nb.name} shows {cell.source[raw.start() :][:60]!r}"
 
 
 def test_the_colab_button_opens_the_student_notebook(book: Path) -> None:

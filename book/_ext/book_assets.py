@@ -16,7 +16,11 @@
    after Sphinx assigns those numbers, each chapter's exercises get ``(chapter, i)`` in document
    order, which the titles and every reference to an exercise then show. The Colab notebooks and
    the grader use the same numbers (``transformer_lib.notebook.exercises.catalogue``).
-4. Points the "Colab" launch button of a chapter at its student notebook, ``colab/<chapter>.ipynb``
+4. Adds ``static/widget-fonts.js`` (require.js's configuration, before require.js loads): the widget
+   manager asks for its icon fonts next to its own modules, which require.js would place under the
+   page's folder; the configuration places them in the vendored ``_static/npm/html-manager/``, with the fonts.
+5. Adds ``static/code-wrap.css``: long lines of code and output wrap inside their box instead of being cut off.
+6. Points the "Colab" launch button of a chapter at its student notebook, ``colab/<chapter>.ipynb``
    (solutions removed, plain Markdown), instead of ``chapters/<chapter>.ipynb``, the teacher's copy.
 """
 
@@ -96,6 +100,8 @@ def setup(app: Sphinx) -> dict[str, Any]:
     app.connect("config-inited", _add_static_path)
     # Before require.js (501) and the widget manager (502); MathJax itself is deferred.
     app.add_js_file("mathjax2-compat.js", priority=499)
+    app.add_js_file("widget-fonts.js", priority=499)
+    app.add_css_file("code-wrap.css")
     app.connect("html-page-context", _dedupe_scripts, priority=900)
     # After Sphinx's TocTreeCollector numbered the figures (priority 500) and the theme added its launch
     # buttons (priority 501).
