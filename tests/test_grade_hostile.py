@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -126,6 +127,37 @@ def test_m3_a_killed_grader_keeps_its_finished_rows_and_a_rerun_resumes(tmp_path
     started = time.monotonic()
     assert subprocess.run(command, capture_output=True, text=True, timeout=300).returncode == 0
     assert [r["passed"] for r in rows_of(out)] == ["True"] * 4 and time.monotonic() - started < 200
+
+
+def _launch(command: list[str], started: int) -> None:
+    """Start ``command`` as the grader starts a kernel (its own session, no output), say so on ``started``, live on."""
+    subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    os.write(started, b"x")
+    time.sleep(60)
+
+
+def test_m3_a_grader_killed_while_a_kernel_starts_leaves_no_process(tmp_path):
+    """SIGKILLed at each moment of a kernel's start, 2 ms apart: before, bubblewrap's PID 1 in the sandbox, still
+    setting up without its parent-death signal, outlived the grader with its command in 6 to 14 runs out of 40."""
+    marker = f"{700 + os.getpid() % 1000}.25"
+    for i in range(40):
+        (run := tmp_path / f"run{i}").mkdir()
+        run.chmod(0o711)
+        ready, started = os.pipe()
+        if (grader := os.fork()) == 0:  # it starts the kernel from a thread that lives on, as grade_all's do
+            try:
+                command = [*grade.kernel_command(run, grade.Settings().uid, None), "sleep", marker]
+                threading.Thread(target=_launch, args=(command, started)).start()
+                time.sleep(60)
+            finally:
+                os._exit(0)
+        os.read(ready, 1)
+        time.sleep(i * 0.002)
+        os.kill(grader, signal.SIGKILL)
+        os.waitpid(grader, 0)
+        os.close(ready), os.close(started)
+    time.sleep(2)
+    assert _alive(marker) == [] and _alive(str(tmp_path)) == []
 
 
 def test_l1_kernels_write_nothing_to_the_graders_terminal(tmp_path):

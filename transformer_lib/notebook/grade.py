@@ -7,15 +7,15 @@ was "not graded". Exit status: 0 all graded, 1 some not, 130 Ctrl-C, 2 bad optio
 **Guarantees** (each pinned by ``tests/test_grade_hostile.py``). Each kernel runs under bubblewrap with every capability
 dropped, in new PID, network, IPC and UTS namespaces, as an unprivileged uid (as root: 65533-k for worker k): no
 network, no other process, the system and Python read-only, an empty ``/tmp``, and of the disk only a new folder with a
-copy of its notebook. Killing bubblewrap ends the namespace, so nothing a submission starts outlives its row, whatever
-it does to its parent. From outside, the grader kills the sandbox at ``--timeout``, or when the proportional memory of
-all its processes exceeds ``--memory`` (looked at every 0.2 s: an approximation of a cgroup); each process also has that
-limit as ``RLIMIT_DATA`` (an allocation beyond it fails in the student's cell), and the submission at most 512
-processes. A kernel message over 32 MB is dropped unread and fails the submission. Kernels' stdout and stderr go
-nowhere. The ``--csv`` file is rewritten whole as each submission finishes, so a killed grader keeps every finished row,
-and the same command grades only what it lacks or what changed. A CSV cell beginning with ``= + - @`` gets a leading
-``'``; feedback is cut at 500 characters. A student is the folders above the notebook below the common one
-(``secA/alice``; ``--student-depth N``: the first N). A non-finite or absurd ``--timeout``/``--memory`` is refused.
+copy of its notebook. A supervisor outside it ends the namespace with the row, or with the grader (even SIGKILLed), so
+nothing a submission starts outlives its row, whatever it does to its parent. From outside, the grader kills the sandbox
+at ``--timeout``, or when the proportional memory of all its processes exceeds ``--memory`` (looked at every 0.2 s: an
+approximate cgroup); each process also has that limit as ``RLIMIT_DATA`` (an allocation beyond it fails in the student's
+cell), and the submission at most 512 processes. A kernel message over 32 MB is dropped unread and fails the submission.
+Kernels' output goes nowhere. The ``--csv`` file is rewritten whole as each submission finishes, so a killed grader
+keeps every finished row, and the same command grades only what it lacks or what changed. A CSV cell beginning with
+``= + - @`` gets a leading ``'``; feedback is cut at 500 characters. A student is the folders above the notebook below
+the common one (``secA/alice``; ``--student-depth N``: the first N). An absurd ``--timeout``/``--memory`` is refused.
 
 **What remains possible.** The checkers run in the student's own kernel, as in nbgrader and otter-grader: a notebook can
 monkeypatch what a checker compares with, or forge records in memory. With ``--no-sandbox`` a notebook runs with your
@@ -69,6 +69,15 @@ NO_SANDBOX = (
     " other students' answers, use the network, kill the grader and other kernels, and leave processes running"
 )
 Catalogue = dict[str, list[Exercise]]
+SUPERVISOR = """import ctypes, os, signal, sys
+signal.pthread_sigmask(signal.SIG_BLOCK, stop := {signal.SIGTERM, signal.SIGCHLD})  # for sigwait, even the first
+ctypes.CDLL(None).prctl(36, 1), ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_CHILD_SUBREAPER, _PDEATHSIG
+if os.getppid() == int(sys.argv[1]):  # the grader, still alive after the prctl (else: start nothing)
+    pid = os.posix_spawnp(sys.argv[2], sys.argv[2:], os.environ, setsigmask=())
+    while signal.sigwait(stop) == signal.SIGCHLD and os.waitpid(pid, os.WNOHANG) == (0, 0): pass
+while children := open(f"/proc/self/task/{os.getpid()}/children").read().split():  # orphans below come here
+    [os.kill(int(child), signal.SIGKILL) for child in children]
+    os.wait()"""
 
 
 @dataclass(frozen=True)
@@ -127,8 +136,7 @@ class Settings:
 
 
 def submissions(paths: Sequence[Path], depth: int | None = None) -> list[Submission]:
-    """Each path once, named below the common folder; the student is the folders above the notebook (the
-    first ``depth``), or the file's stem when the files lie side by side."""
+    """Each path once, named below the common folder; its student: the folders above (first ``depth``) or its stem."""
     unique = list(dict.fromkeys(p.resolve() for p in paths))
     root = Path(os.path.commonpath([p.parent for p in unique])) if unique else Path()
     named = [(p, p.relative_to(root)) for p in unique]
@@ -143,40 +151,38 @@ def chapter_of(nb: Any, path: Path, catalogue: Catalogue) -> tuple[str, str]:
     return next(((c, "file name") for c in sorted(catalogue, key=len, reverse=True) if c in path.stem), ("", ""))
 
 
-def sandbox_command(run: Path, uid: int | None, tmp_bytes: int | None) -> list[str]:
-    """bubblewrap's command for a kernel in folder ``run``. As root (``uid``): no user namespace (uid 0 in one
-    escapes RLIMIT_NPROC); setpriv drops the kernel to ``uid``, with no capability left to regain."""
+def kernel_command(run: Path, uid: int | None, tmp_bytes: int | None, sandbox: bool = True) -> list[str]:
+    """What runs a kernel in ``run``: :data:`SUPERVISOR`, prlimit's limits, bubblewrap (as root: setpriv to ``uid``)."""
+    supervisor = [sys.executable, "-IS", "-c", SUPERVISOR, str(os.getpid()), "prlimit", f"--nproc={MAX_PROCESSES}"]
+    command = [*supervisor, *([f"--data={tmp_bytes}"] if tmp_bytes else []), "--"]
     if uid is None:
-        command = ["bwrap", "--unshare-all", "--cap-drop", "ALL"]
-    else:
-        command = ["bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--cap-drop", "ALL"]
-        command += [a for cap in ("SETUID", "SETGID", "SETPCAP") for a in ("--cap-add", f"CAP_{cap}")]
+        box = ["bwrap", "--unshare-all", "--cap-drop", "ALL"]
+    else:  # as root, no user namespace (uid 0 in one escapes RLIMIT_NPROC); setpriv leaves the kernel no capability
+        box = ["bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--cap-drop", "ALL"]
+        box += [a for cap in ("SETUID", "SETGID", "SETPCAP") for a in ("--cap-add", f"CAP_{cap}")]
     size = ["--size", str(tmp_bytes)] if tmp_bytes else []
-    command += ["--die-with-parent", "--new-session", "--perms", "1777", *size, "--tmpfs", "/tmp"]
+    box += ["--die-with-parent", "--new-session", "--perms", "1777", *size, "--tmpfs", "/tmp"]
     system = [p for p in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc") if os.path.exists(p)]
     python = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable))}
     python = {os.path.realpath(p) for p in [*python, str(Path(__file__).parents[1])]}  # the package, not its folder
     mine = sorted(p for p in python if not any(p.startswith(q + "/") for q in [*system, *python]) and p not in system)
     above = {str(a) for p in [*mine, str(run)] for a in Path(p).parents} - {"/", "/tmp"}
-    command += [a for p in sorted(above) for a in ("--perms", "0755", "--dir", p)]  # bwrap would make them 0700
-    command += [a for p in system + mine for a in ("--ro-bind", p, p)]
-    command += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", *size, "--tmpfs", "/dev/shm"]
-    command += ["--bind", str(run), str(run), "--chdir", str(run), "--setenv", "JPY_PARENT_PID", "1"]
+    box += [a for p in sorted(above) for a in ("--perms", "0755", "--dir", p)]  # bwrap would make them 0700
+    box += [a for p in system + mine for a in ("--ro-bind", p, p)]
+    box += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", *size, "--tmpfs", "/dev/shm"]
+    box += ["--bind", str(run), str(run), "--chdir", str(run), "--setenv", "JPY_PARENT_PID", "1"]
     if uid is not None:
-        command += ["--", "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all"]
-        command += ["--bounding-set=-all"]
-    return [*command, "--"]
+        box += ["--", "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all"]
+        box += ["--bounding-set=-all"]
+    return [*command, *box, "--"] if sandbox else command
 
 
 def sandbox_problem() -> str:
     """Why a kernel cannot run in the sandbox here, or ''."""
     with tempfile.TemporaryDirectory(prefix="grade-") as run:
         Path(run).chmod(0o711)  # bubblewrap's root, without capabilities, must enter it
-        probe = [*sandbox_command(Path(run), Settings().uid, None), sys.executable, "-c", "import ipykernel"]
-        try:
-            done = subprocess.run(["prlimit", "--", *probe], capture_output=True, text=True, timeout=120)
-        except FileNotFoundError as e:
-            return f"{e.filename} is not installed (Debian/Ubuntu: apt-get install bubblewrap; `make sandbox`)"
+        probe = [*kernel_command(Path(run), Settings().uid, None), sys.executable, "-c", "import ipykernel"]
+        done = subprocess.run(probe, capture_output=True, text=True, timeout=120)
     return f"bubblewrap cannot start a kernel here: {done.stderr.strip()[-300:]}" if done.returncode else ""
 
 
@@ -205,20 +211,18 @@ class KernelManager(AsyncKernelManager):
 
 
 class GradingClient(NotebookClient):
-    """nbclient's client for one submission in folder ``run``, its kernel under prlimit's limits and bubblewrap:
-    it keeps each error but no output, the records of each execute reply, and kills the sandbox from outside at
-    the deadline, at ``stop``, beyond the memory limit, when zmq dropped a message over 32 MB, or on ``kill``."""
+    """nbclient's client for a submission in ``run`` (:func:`kernel_command`): it keeps errors, not output, each reply's
+    records, and kills the sandbox at the deadline or ``stop``, past the memory limit, on a dropped message, on kill."""
 
-    process: subprocess.Popen[bytes] | None  # the kernel's (prlimit's) once started: LocalProvisioner's, unannotated
+    process: subprocess.Popen[bytes] | None  # the kernel's (its supervisor's) once started: LocalProvisioner's
 
     def __init__(self, nb: Any, run: Path, settings: Settings) -> None:
-        uid, memory = settings.uid if settings.sandbox else None, settings.memory_bytes
+        uid = settings.uid if settings.sandbox else None
         nbformat.write(nb, run / "submission.ipynb")
         self.context = zmq.asyncio.Context()
         self.context.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)  # a larger message is dropped unread
         km = KernelManager(transport="ipc", connection_file=str(run / "c.json"), context=self.context)
-        km.prefix = ["prlimit", f"--nproc={MAX_PROCESSES}", *([f"--data={memory}"] if memory else []), "--"]
-        km.prefix += sandbox_command(run, settings.uid, memory) if settings.sandbox else []
+        km.prefix = kernel_command(run, settings.uid, settings.memory_bytes, settings.sandbox)
         km.write_connection_file()  # now, so that the kernel's uid can own it; the launch keeps it
         for p, owner in [(run, uid), (run / "c.json", uid), (run / "submission.ipynb", uid)] if uid is not None else []:
             os.chown(p, owner, owner)
@@ -229,11 +233,11 @@ class GradingClient(NotebookClient):
         self.got, self.process, self.owns_km, self.on_cell_executed = Run([], []), None, True, self.take_records
 
     def kill(self, reason: str) -> None:
-        """Kill the kernel's whole tree (bubblewrap: its PID namespace dies with it) and reap it."""
+        """Kill the kernel's whole tree (its supervisor's work; bubblewrap's namespace dies with it) and reap it."""
         self.reason = self.reason or reason
         if self.process is not None and self.process.poll() is None:
-            with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(10)
 
     def output(self, outs: list[Any], msg: dict[str, Any], display_id: Any, cell_index: int) -> None:
@@ -250,13 +254,12 @@ class GradingClient(NotebookClient):
             assert self.kc is not None  # set up by now; its execute (replaced) asks for the records every time
             self.kc.execute = functools.partial(self.kc.execute, user_expressions={"records": RECORDS})  # type: ignore[method-assign]
             channels = (self.kc.shell_channel, self.kc.iopub_channel)
-            watchers = [asyncio.ensure_future(w) for w in (self._watch(), *map(self._dropped, channels))]
+            watchers = asyncio.gather(self._watch(), *map(self._dropped, channels), return_exceptions=True)
             try:
                 yield
             finally:
-                for watcher in watchers:
-                    watcher.cancel()
-                await asyncio.gather(*watchers, return_exceptions=True)
+                watchers.cancel()  # each of them
+                await asyncio.wait([watchers])
 
     async def _watch(self) -> None:
         assert self.km is not None and isinstance(self.km.provisioner, LocalProvisioner)  # started (.process: untyped)
@@ -271,11 +274,11 @@ class GradingClient(NotebookClient):
             await asyncio.sleep(POLL_S)
 
     async def _dropped(self, channel: Any) -> None:
-        """Kill the sandbox when a live kernel's connection breaks: zmq dropped a message over the limit."""
-        await recv_monitor_message(channel.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED))
-        await asyncio.sleep(1)  # a kernel that died is reaped meanwhile
-        if self.process is not None and self.process.poll() is None:
-            self.kill(f"the kernel sent a message over {MAX_MESSAGE_BYTES >> 20} MB (or broke its connection)")
+        """Kill the sandbox when zmq dropped a message over the limit: the connection broke, not to be retried."""
+        monitor = channel.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED)
+        await recv_monitor_message(monitor)  # broken: the kernel was connected before this started
+        if not await monitor.poll(1000):  # zmq retries at once a connection that the kernel closed (exiting)
+            self.kill(f"the kernel sent a message over {MAX_MESSAGE_BYTES >> 20} MB")
 
     def take_records(self, cell: Any, cell_index: int, execute_reply: dict[str, Any]) -> None:
         value = execute_reply["content"].get("user_expressions", {}).get("records", {})
@@ -285,8 +288,7 @@ class GradingClient(NotebookClient):
 
 
 def execute(nb: Any, settings: Settings) -> Run:
-    """Run ``nb`` in a fresh kernel in a new folder that holds only a copy of it; the checkers' records."""
-    cells, kernel_died = len(nb.cells), ""
+    """Run ``nb`` and the grader's cell (left in it) in a fresh kernel, in a new folder with a copy; the records."""
     with tempfile.TemporaryDirectory(prefix="grade-") as folder:
         client = GradingClient(nb, Path(folder), settings)
         nb.cells.append(nbformat.v4.new_code_cell("# the grader's cell: its reply brings the last records"))
@@ -295,14 +297,13 @@ def execute(nb: Any, settings: Settings) -> Run:
         try:  # none of the grader's environment (its secrets) but PATH, and no terminal
             client.execute(env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         except Exception as e:  # DeadKernelError (the kills too), or nbclient's own: the notebook did not run
-            kernel_died = str(e)[:300] or type(e).__name__
+            client.reason = client.reason or str(e)[:300] or type(e).__name__
         finally:
             client.kill("")
             client.context.destroy(linger=0)
             atexit.unregister(client._cleanup_kernel)  # nbclient leaves it registered when a start fails
-            del nb.cells[cells:]
-    timed_out = client.reason.startswith("ran out")
-    return replace(client.got, timed_out=timed_out, kernel_died="" if timed_out else client.reason or kernel_died)
+    late = client.reason.startswith("ran out")  # of time
+    return replace(client.got, timed_out=late, kernel_died="" if late else client.reason)
 
 
 def _short_feedback(texts: list[str]) -> str:
@@ -317,8 +318,7 @@ def _short_feedback(texts: list[str]) -> str:
 
 
 def grade_run(sub: Submission, exercises: list[Exercise], run: Run, settings: Settings, *chapter: str) -> list[Row]:
-    """The rows of one executed submission (``chapter``: the chapter and how it was found): an exercise
-    passes when the last call of each of its checkers passed."""
+    """An executed submission's rows (``chapter``: which, how found): an exercise passes if each checker's last did."""
     name, how = chapter or ("", "")
     who, timeout_s = (sub.student, sub.name, name, how), settings.timeout_s
     last = {r["checker"]: r for r in run.records if isinstance(r, dict) and isinstance(r.get("checker"), str)}
@@ -354,8 +354,7 @@ def grade_notebook(sub: Submission, settings: Settings, catalogue: Catalogue) ->
 
 
 def _graded_before(csv_path: Path | None, subs: list[Submission]) -> list[list[Row]]:
-    """Each submission's rows that an earlier run left in ``csv_path``, if it graded these bytes; else a row
-    saying that it is not graded yet."""
+    """Each submission's rows that an earlier run left in ``csv_path`` for these bytes, else a "not graded" row."""
     held: dict[tuple[str, str], list[Row]] = {}
     with contextlib.suppress(OSError, ValueError, TypeError, csv.Error):
         for r in csv.DictReader(open(csv_path, newline="", encoding="utf-8")) if csv_path else []:
@@ -439,7 +438,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not (0.5 <= args.memory <= 4096 or args.memory == 0):
         parser.error(f"--memory must be from 0.5 to 4096 GB, or 0 for no limit, got {args.memory}")
     if not args.no_sandbox and (why := sandbox_problem()):
-        parser.error(f"{why}; or pass --no-sandbox (see --help for what it gives away)")
+        parser.error(f"{why}; install bubblewrap (`make sandbox`) or pass --no-sandbox (see --help for the risk)")
     memory = int(args.memory * 2**30) or None
     settings = Settings(args.timeout, memory, not args.no_sandbox, chapter=args.chapter, depth=args.student_depth)
     rows, interrupted = grade_all(args.submissions, settings, catalogue, args.jobs, args.csv)
