@@ -51,8 +51,9 @@ def test_a_claim_that_holds_is_glued_and_recorded(shown, tmp_path, monkeypatch):
     log = tmp_path / "log.jsonl"
     monkeypatch.setenv(evidence.EVIDENCE_ENV, str(log))
     assert evidence.claim("gain", 0.3, above=0.2) == 0.3
+    assert repr(evidence.claim("seeds", 3, above=2.5)) == "3"  # a count is glued as a count, not 3.0
     assert shown[0][1]["scrapbook"]["name"] == "gain"
-    [entry] = [json.loads(line) for line in log.read_text().splitlines()]
+    entry, _ = [json.loads(line) for line in log.read_text().splitlines()]
     assert entry == {"name": "gain", "value": 0.3, "above": 0.2, "below": None, "held": True, "claim": True}
 
 

@@ -38,13 +38,13 @@ def glue(name: str, value: float | int | str) -> float | int | str:
     return value
 
 
-def claim(name: str, value: float, *, above: float | None = None, below: float | None = None) -> float:
+def claim(name: str, value: float | int, *, above: float | None = None, below: float | None = None) -> float:
     """Assert ``above < value < below`` (either bound may be left out) about this run, glue ``value`` under
     ``name`` and record it, held or not; return ``value``. The bounds are the claim's margin: the appendix
     sets them beside the values every run of the sweep gave."""
     if above is None and below is None:
         raise ValueError(f"claim {name!r} needs a bound: above=, below= or both")
-    value = float(value)
+    value = value if isinstance(value, int) and not isinstance(value, bool) else float(value)  # a count stays one
     held = math.isfinite(value) and (above is None or value > above) and (below is None or value < below)
     _display(name, value)
     _record({"name": name, "value": value, "above": above, "below": below, "held": held, "claim": True})
