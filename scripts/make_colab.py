@@ -11,7 +11,8 @@ and Jupyter render:
   linked to the book's bibliography page; ``{term}`` links to the glossary entry and ``{ref}`` to the
   labelled section or exercise, all in the HTML book at ``html: baseurl`` of ``_config.yml``;
 - ``(label)=`` targets are dropped;
-- ``{glue:text}`name:.3f``` becomes the book's value in bold, from the chapter's sweep (``book/evidence/``).
+- ``{glue:text}`name:.3f``` becomes the book's value in bold, from the chapter's sweep (``book/evidence/``);
+- a link to a page of the book, ``[text](../book/evidence.ipynb)``, goes to that page in the HTML book.
 
 The first code cell installs the library from the one source in ``_config.yml``
 (``colab_install``) on Colab, or wherever ``transformer_lib`` is missing; the next one prints the
@@ -172,6 +173,7 @@ class Converter:
 
     def roles(self, text: str) -> str:
         text = re.sub(r"\{glue(?::text)?\}`([^`]+)`", lambda m: self.glue(m.group(1)), text)
+        text = re.sub(r"\]\(\.\./(book/[\w-]+)\.(?:ipynb|md)\)", rf"]({self.book}\1.html)", text)  # a book page
         text = re.sub(r"\{cite:t\}`([^`]+)`", lambda m: self.cite(m.group(1), parenthetical=False), text)
         text = re.sub(r"\{cite:p\}`([^`]+)`", lambda m: self.cite(m.group(1), parenthetical=True), text)
         text = re.sub(r"\{cite\}`([^`]+)`", lambda m: self.cite(m.group(1), parenthetical=True), text)

@@ -151,3 +151,17 @@ def test_a_swept_chapter_types_no_measured_number(path):
         i: found for i, c in enumerate(nb.cells) if c.cell_type == "markdown" and (found := measured_numbers(c.source))
     }
     assert not typed, f"{path.stem}: numbers typed by hand in Markdown cells (cell index: numbers): {typed}"
+
+
+def test_the_colab_copy_prints_the_books_value_and_links_the_book():
+    from make_colab import Converter
+
+    converter = Converter(ROOT)
+    converter.glued = {"gap": 0.07512, "verdict": "beats"}
+    text = "SwiGLU {glue:text}`verdict` GELU by {glue:text}`gap:.3f` ([the appendix](../book/evidence.ipynb))"
+    assert (
+        converter.roles(text)
+        == f"SwiGLU **beats** GELU by **0.075** ([the appendix]({converter.book}book/evidence.html))"
+    )
+    with pytest.raises(SystemExit, match="not in this chapter's sweep"):
+        converter.roles("{glue:text}`missing`")
