@@ -108,7 +108,11 @@ def main(argv: list[str] | None = None) -> int:
         (EVIDENCE_DIR / f"{path.stem}.json").write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
         held = [r.get("held") for run in record["runs"] for r in run["records"].values() if r.get("claim")]
         failed += held.count(False)
-        print(f"{path.stem}: {len(held)} claims over {len(record['runs'])} runs, {held.count(False)} not held")
+        claims = {name for run in record["runs"] for name, r in run["records"].items() if r.get("claim")}
+        print(
+            f"{path.stem}: {len(claims)} claims, {len(record['runs'])} runs, "
+            f"{held.count(False)} of {len(held)} checks failed"
+        )
     return 1 if failed else 0
 
 
