@@ -51,3 +51,9 @@ def generate_with_logits(model, idx: Tensor, max_new_tokens: int, **kwargs) -> t
     finally:
         hook.remove()
     return ids, torch.stack(seen, dim=1)
+
+
+def diagnosis(result) -> str:
+    """What a Spot the bug's ``check_x.hint()`` says its symptom means, which its printed feedback must not say."""
+    assert not any(d in result.text for d in result.diagnoses), result.text
+    return " ".join(result.diagnoses)

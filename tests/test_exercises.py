@@ -295,6 +295,35 @@ def test_bugs_that_give_the_same_answer_and_need_the_same_fix_are_named_together
     assert c.hints[-1] == ex.Hint("squared.")
 
 
+@ex.checker(starter="def double(x):  # find and fix the bug\n    return x**2\n")
+def check_spot_double(c: ex.Checker, double) -> None:
+    """Check ``double(x) -> 2 x``, a Spot the bug: the feedback gives the symptom, ``hint()`` the bug and its fix."""
+    check_double.__wrapped__(c, double)
+
+
+def test_a_spot_the_bug_prints_the_symptom_and_keeps_the_bug_for_hint(capsys):
+    result = check_spot_double(lambda x: {4.0: x**2, 5.0: 3 * x}.get(x, 2 * x))
+    assert result.lines == [
+        "  ✅ x = 3",
+        "  ❌ x = 4: expected 8 (within 1e-05), got 16",
+        "  ❌ x = 5: expected 10 (within 1e-05), got 15",
+        "  Hint: you tripled x: reread 'Doubling'.",  # a hint without a fix is no diagnosis: printed
+        '  Hint: "x = 4" fails where "x = 3" passes: what does the first case have that the second lacks?',
+        "  For the fix in code: check_spot_double.hint() (first, what the symptom means)",
+    ]
+    assert result.diagnoses == [_ROWS.concept] and result.fixes == [_ROWS.fix]
+    capsys.readouterr()
+    check_spot_double.hint()
+    assert capsys.readouterr().out == (
+        f"check_spot_double: what the symptom of your last answer means:\n  - {_ROWS.concept}\n"
+        f"check_spot_double: the fix in code for your last answer:\n  - {_ROWS.fix}\n"
+    )
+    squared = check_spot_double(lambda x: x**2)
+    assert squared.lines[-2] == (
+        '  Hint: no case passes: start from "x = 3", and how your result there differs from the expected one.'
+    )
+
+
 def test_a_hint_without_a_fix_says_nothing_of_hint():
     result = check_double(lambda x: 3 * x if x != 3 else 2 * x)  # at x = 3, 3 x is x squared: that case is right
     assert result.lines[-1] == "  Hint: you tripled x: reread 'Doubling'." and result.fixes == []
@@ -697,11 +726,13 @@ def test_keyboard_interrupt_still_stops_the_checker(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_a_result_of_another_dtype_says_so(dtype):
-    result = ex.check_softmax(lambda scores: torch.softmax(scores.to(dtype), dim=-1))
+def test_a_result_of_a_lower_precision_says_so(dtype):
+    softmax = ex.check_softmax.reference
+    result = ex.check_softmax(lambda scores: softmax(scores.to(dtype)))
     assert not result.passed
     assert f"(your result has dtype {dtype}, the expected one torch.float32)" in result.text, result.text
-    assert ex.check_softmax(lambda scores: torch.softmax(scores.double(), dim=-1)).passed  # close enough: no hint
+    assert ex.check_softmax(lambda scores: softmax(scores.double())).passed  # close enough: no hint
+    assert "dtype" not in ex.check_softmax(lambda scores: softmax(scores.double()) * 2).text  # not the cause
 
 
 # ---------------------------------------------------------------- CONTRIBUTING.md's worked example
@@ -916,6 +947,15 @@ def _feedback_per_bug(check, monkeypatch) -> dict[str, str]:
         replaying[0] = key
         feedback[f"the bug {key!r}"] = check(answer).text
     return feedback
+
+
+@pytest.mark.parametrize("chapter, exercise, name", SPOT_THE_BUG, ids=_exercise_id)
+def test_a_spot_the_bug_prints_the_symptom_of_each_bug_and_keeps_the_bug_for_hint(chapter, exercise, name, monkeypatch):
+    for bug, text in _feedback_per_bug(getattr(ex, name), monkeypatch).items():
+        assert "passes: what does the first case have" in text or "Hint: no case passes: start from" in text, (
+            bug,
+            text,
+        )
 
 
 def _code_lines(source: str) -> list[str]:

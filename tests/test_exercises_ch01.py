@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import transformer_lib as tl
+from conftest import diagnosis
 from transformer_lib.notebook import exercises as ex
 from transformer_lib.notebook.exercises import ch01_attention
 
@@ -30,17 +31,30 @@ def fixed(scores):
     return e / e.sum(dim=-1, keepdim=True)
 
 
-def test_softmax_accepts_the_fix_and_torch():
+@pytest.mark.parametrize(
+    "shortcut",
+    [
+        lambda s: torch.softmax(s, dim=-1),
+        lambda s: s.softmax(-1),
+        lambda s: torch.nn.functional.softmax(s, -1),
+        lambda s: torch.nn.Softmax(-1)(s),
+        lambda s: torch.special.softmax(s, -1),
+        lambda s: torch.log_softmax(s, -1).exp(),
+    ],
+)
+def test_softmax_accepts_the_fix_and_refuses_torchs_softmax(shortcut):
     assert ex.check_softmax(fixed).passed
-    assert ex.check_softmax(lambda scores: torch.softmax(scores, dim=-1)).passed
-    assert ex.check_softmax(lambda scores: scores.softmax(-1)).text.count("✅") == 6
+    result = ex.check_softmax(shortcut)
+    assert not result.passed and result.text.count("✅") == 6, result.text  # right values, but not the exercise
+    assert "❌ fixed by hand, without torch's softmax: your answer calls " in result.text
 
 
 def test_softmax_names_both_bugs_of_the_snippet():
     result = ex.check_softmax(fixed_but_renamed)
     assert not result.passed and "✅ the snippet's own example" in result.text  # right on one row ...
     assert result.text.count("❌") == 5  # ...
-    assert result.text.count("Two bugs: the sum runs over axis 0") == 1  # ... and both bugs named, once
+    assert diagnosis(result).count("Two bugs: the sum runs over axis 0") == 1  # ... both bugs named, once, when asked
+    assert 'Hint: "3 queries over 4 keys: scores (3, 4)" fails where "the snippet\'s own example' in result.text
     assert result.fixes == [
         "sum over the last axis, keeping it: e.sum(dim=-1, keepdim=True); and subtract each "
         "row's own maximum, scores.max(dim=-1, keepdim=True).values."
@@ -85,7 +99,7 @@ def test_softmax_names_each_bug(answer, words, count):
     result = ex.check_softmax(answer)
     assert not result.passed
     assert result.text.count("❌") == count, result.text
-    assert words in result.text, result.text
+    assert words in diagnosis(result), result.text
 
 
 def test_softmax_without_keepdim_gets_a_hint_whether_it_raises_or_not():
@@ -94,8 +108,8 @@ def test_softmax_without_keepdim_gets_a_hint_whether_it_raises_or_not():
         return e / e.sum(dim=-1)
 
     result = ex.check_softmax(no_keepdim)
-    assert "raised RuntimeError" in result.text and "the row sums do not broadcast" in result.text  # (3, 4)
-    assert "the row sums lost their axis" in result.text  # the square (4, 4) case runs, silently wrong
+    assert "raised RuntimeError" in result.text and "the row sums do not broadcast" in diagnosis(result)  # (3, 4)
+    assert "the row sums lost their axis" in diagnosis(result)  # the square (4, 4) case runs, silently wrong
     assert "keep the summed axis: e.sum(dim=-1, keepdim=True)" in result.fixes and "keepdim" not in result.text
 
 

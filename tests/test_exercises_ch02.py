@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import transformer_lib as tl
+from conftest import diagnosis
 from transformer_lib import masks
 from transformer_lib.notebook import exercises as ex
 from transformer_lib.notebook.exercises import ch02_masking
@@ -58,7 +59,7 @@ def test_decoder_mask_calls_the_untouched_starter_not_answered_yet():
 def test_decoder_mask_names_both_bugs_of_the_starter_once_and_keeps_the_fix_for_later():
     result = ex.check_decoder_mask(lambda t, p: decoder_mask(t, p, future=True, axis="queries"))
     assert result.text.count("❌") == 4
-    assert "True on the FUTURE keys" in result.text and result.text.count("Two bugs") == 1  # no padding: one bug
+    assert "True on the FUTURE keys" in diagnosis(result) and diagnosis(result).count("Two bugs") == 1  # no padding
     assert "tril" not in result.text and "[:, None, None, :]" not in result.text  # the fixes only when asked for
     assert any("torch.tril" in fix and "(tokens != pad_id)[:, None, None, :]" in fix for fix in result.fixes)
 
@@ -66,8 +67,9 @@ def test_decoder_mask_names_both_bugs_of_the_starter_once_and_keeps_the_fix_for_
 def test_decoder_mask_names_the_query_axis_and_passes_when_nothing_is_padded():
     result = ex.check_decoder_mask(lambda t, p: decoder_mask(t, p, axis="queries"))
     assert "✅ no padding" in result.text
-    assert result.text.count("❌") == 3 and result.text.count("the padding is on the QUERY axis") == 1, result.text
-    assert "FUTURE" not in result.text
+    assert result.text.count("❌") == 3 and diagnosis(result).count("the padding is on the QUERY axis") == 1
+    assert "FUTURE" not in diagnosis(result)
+    assert 'Hint: "right padding, pad_id=0" fails where "no padding: one sequence of 4 tokens" passes' in result.text
 
 
 @pytest.mark.parametrize(
@@ -98,7 +100,7 @@ def test_decoder_mask_names_the_query_axis_and_passes_when_nothing_is_padded():
 def test_decoder_mask_names_each_bug(answer, words, count):
     result = ex.check_decoder_mask(answer)
     assert result.text.count("❌") == count, result.text
-    assert words in result.text, result.text
+    assert words in diagnosis(result) + result.text, result.text  # the bug when asked for, a wrong dtype at once
 
 
 def cell(source):

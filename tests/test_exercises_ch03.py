@@ -10,7 +10,8 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from transformer_lib import EncoderLayer
+from conftest import diagnosis
+from transformer_lib import EncoderLayer, MultiHeadAttention
 from transformer_lib.notebook import exercises as ex
 from transformer_lib.notebook.exercises import ch03_multi_head_attention as ch03
 
@@ -69,6 +70,14 @@ def test_split_heads_accepts_right_folds(answer):
     assert result.passed, result.text
 
 
+def test_split_heads_refuses_the_chapters_split_folded():
+    result = ex.check_split_heads(
+        lambda x, n_heads: MultiHeadAttention(x.shape[-1], n_heads).split_heads(x).flatten(0, 1)
+    )
+    assert not result.passed and result.text.count("✅") == 3, result.text  # right values, but not the exercise
+    assert "❌ fixed by hand, without the chapter's split_heads: your answer calls split_heads" in result.text
+
+
 def test_split_heads_calls_the_untouched_starter_not_answered_yet():
     starter = ch03.SPLIT_HEADS_STARTER
     assert ex.check_split_heads(cell(starter)).status == "unanswered"
@@ -80,7 +89,8 @@ def test_split_heads_names_the_starters_bug_which_passes_a_batch_of_one(answer):
     result = ex.check_split_heads(answer)
     assert not result.passed
     assert "✅ B=1" in result.text and result.text.count("❌") == 2  # right for a batch of one, wrong beyond ...
-    assert result.text.count("your rows come in the order (head, example)") == 1, result.text  # ... named once
+    assert diagnosis(result).count("your rows come in the order (head, example)") == 1  # ... named once, when asked
+    assert 'Hint: "B=3, T=5, d_model=12, n_heads=3" fails where "B=1, T=4, d_model=8, n_heads=2" passes' in result.text
     assert "torch.stack" not in result.text and any("torch.stack" in fix for fix in result.fixes)
 
 
@@ -96,7 +106,7 @@ def test_split_heads_names_the_starters_bug_which_passes_a_batch_of_one(answer):
 )
 def test_split_heads_names_each_classic_bug(wrong, words):
     result = ex.check_split_heads(wrong)
-    assert not result.passed and words in result.text, result.text
+    assert not result.passed and words in diagnosis(result), result.text
     assert "reshape(B * n_heads" not in result.text and "transpose(1, 2)" not in result.text  # no code of the fix
 
 
@@ -188,7 +198,7 @@ def test_multi_head_attention_names_the_query_length_bug(answer):
     result = ex.check_multi_head_attention(answer)
     assert not result.passed
     assert result.text.count("✅") == 2 and result.text.count("❌") == 2, result.text  # self-attention passes
-    assert result.text.count("comes only when the keys are not as many as the queries") == 1, result.text
+    assert diagnosis(result).count("comes only when the keys are not as many as the queries") == 1, result.text
     assert "t.shape[1]" not in result.text and any("t.shape[1]" in fix for fix in result.fixes)
 
 
@@ -203,7 +213,7 @@ def test_multi_head_attention_names_the_query_length_bug(answer):
 )
 def test_multi_head_attention_names_each_classic_bug(kw, words):
     result = ex.check_multi_head_attention(mha_variant(**kw))
-    assert not result.passed and words in result.text, result.text
+    assert not result.passed and words in diagnosis(result), result.text
 
 
 def test_multi_head_attention_blames_the_query_length_only_for_a_shape_error():
@@ -211,8 +221,8 @@ def test_multi_head_attention_blames_the_query_length_only_for_a_shape_error():
         raise ValueError("not yet")
 
     result = ex.check_multi_head_attention(raises)
-    assert "not as many as the queries" not in result.text and result.text.count("❌") == 4
-    assert result.text.count("Hint: the steps of MultiHeadAttention.forward") == 1
+    assert "not as many as the queries" not in diagnosis(result) and result.text.count("❌") == 4
+    assert diagnosis(result).count("the steps of MultiHeadAttention.forward") == 1
 
 
 def test_multi_head_attention_survives_a_stub_and_a_wrong_type():

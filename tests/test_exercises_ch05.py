@@ -10,8 +10,10 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from conftest import diagnosis
 from transformer_lib.norms import LayerNorm
 from transformer_lib.notebook import exercises as ex
 from transformer_lib.notebook.exercises import ch05_norms_and_residuals as ch05
@@ -52,11 +54,28 @@ class LibraryLayerNorm(LayerNorm):
         return self.weight
 
 
+class TorchLayerNorm(nn.LayerNorm):
+    """PyTorch's LayerNorm, with the tutorial's name for its gain."""
+
+    alpha = LibraryLayerNorm.alpha
+
+
+class FusedLayerNorm(tutorial_layer_norm(scalar=False)):
+    def forward(self, x):
+        return F.layer_norm(x, x.shape[-1:], self.alpha, self.bias, self.eps)
+
+
 def test_layer_norm_module_accepts_a_fixed_class():
     result = ex.check_layer_norm_module(tutorial_layer_norm(scalar=False, unbiased=False, outside=False))
     assert result.passed, result.text
     assert result.text.count("✅") == 4
-    assert ex.check_layer_norm_module(LibraryLayerNorm).passed
+
+
+@pytest.mark.parametrize("shortcut", [LibraryLayerNorm, TorchLayerNorm, FusedLayerNorm])
+def test_layer_norm_module_refuses_the_library_norms(shortcut):
+    result = ex.check_layer_norm_module(shortcut)
+    assert not result.passed and result.text.count("✅") == 4, result.text  # right values, but not the exercise
+    assert "❌ fixed by hand, without nn.LayerNorm, tl.LayerNorm or F.layer_norm: your answer calls " in result.text
 
 
 def test_layer_norm_module_an_untouched_starter_is_not_answered_yet():
@@ -70,7 +89,7 @@ def test_layer_norm_module_names_all_three_bugs_of_the_tutorial():
     result = ex.check_layer_norm_module(tutorial_layer_norm())
     assert not result.passed and "4 of 4 checks failed" in result.text, result.text
     for hint in (ch05._LAYER_NORM_BUGS["unbiased"], ch05._LAYER_NORM_BUGS["both"], ch05._SCALAR_HINT):
-        assert result.text.count(hint.concept) == 1, result.text  # each concept once, not once per case
+        assert diagnosis(result).count(hint.concept) == 1, result.text  # each concept once, when asked for
         assert hint.fix not in result.text and hint.fix in result.fixes
 
 
@@ -87,7 +106,7 @@ def test_layer_norm_module_names_all_three_bugs_of_the_tutorial():
 def test_layer_norm_module_names_each_bug_left(bugs_left, words):
     result = ex.check_layer_norm_module(tutorial_layer_norm(**bugs_left))
     assert not result.passed
-    assert result.text.count(words) == 1, result.text
+    assert diagnosis(result).count(words) == 1, result.text
     assert "unbiased=False" not in result.text and "torch.ones(features)" not in result.text  # the fixes: level 2
 
 
@@ -95,10 +114,12 @@ def test_layer_norm_module_asks_for_the_parameter_names():
     class Renamed(nn.Module):
         def __init__(self, features, eps=1e-5):
             super().__init__()
-            self.norm = nn.LayerNorm(features, eps=eps)
+            self.gain, self.eps = nn.Parameter(torch.ones(features)), eps
 
         def forward(self, x):
-            return self.norm(x)
+            return (
+                self.gain * (x - x.mean(-1, keepdim=True)) / (x.var(-1, keepdim=True, correction=0) + self.eps).sqrt()
+            )
 
     result = ex.check_layer_norm_module(Renamed)
     assert "keep the tutorial's parameter names" in result.text and "2 of 4 checks failed" in result.text
@@ -167,7 +188,7 @@ def test_pre_ln_block_the_starter_is_right_in_evaluation_mode_only():
     result = ex.check_pre_ln_block(lambda *args: learner_block(*args, bug="starter"))
     assert "✅ dropout off (nn.Dropout in evaluation mode)" in result.text and result.text.count("❌") == 2, result.text
     hint = ch05._PRE_LN_BUGS["on the stream"]
-    assert result.text.count(hint.concept) == 1 and hint.fix not in result.text and result.fixes == [hint.fix]
+    assert diagnosis(result).count(hint.concept) == 1 and hint.fix not in result.text and result.fixes == [hint.fix]
 
 
 @pytest.mark.parametrize(
@@ -182,7 +203,7 @@ def test_pre_ln_block_the_starter_is_right_in_evaluation_mode_only():
 )
 def test_pre_ln_block_names_each_bug(bug, words):
     result = ex.check_pre_ln_block(lambda *args: learner_block(*args, bug=bug))
-    assert not result.passed and result.text.count(words) == 1, result.text
+    assert not result.passed and diagnosis(result).count(words) == 1, result.text
     assert "dropout(attention(norm1(x)))" not in result.text  # the fix is level 2
 
 

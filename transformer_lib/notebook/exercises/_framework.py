@@ -4,7 +4,7 @@ A checker is ``def check_x(c: Checker, answer) -> None`` running its hidden case
 ``c.cases(...)``); ``@checker`` makes it the public ``check_x(answer) -> CheckResult``. A case turns anything odd
 the answer does (raise, hang, change its inputs, return a sparse tensor) into a failed case with feedback, never
 a crash, and names the known bug that gives the wrong result (:func:`bug_table`); its hint has two levels
-(:class:`Hint`). CONTRIBUTING.md ("Writing a checker") walks through one.
+(:class:`Hint`), a *Spot the bug*'s first one its symptom. CONTRIBUTING.md ("Writing a checker") walks through one.
 """
 
 from __future__ import annotations
@@ -50,13 +50,15 @@ _ALARM_REPEAT_SECONDS = 0.1  # after the time limit, interrupt again this often:
 class CheckResult:
     """Outcome of a checker: ``passed``; the printed ``lines``, one per case, then the hints' concepts;
     ``status``: "passed", "failed" or "unanswered" (the answer is still the starter cell as given); and the
-    ``fixes`` in code, printed only by ``check_x.hint()`` and never recorded for the grader."""
+    ``fixes`` in code, after a *Spot the bug*'s ``diagnoses`` (its hints' concepts), printed only by
+    ``check_x.hint()`` and never recorded for the grader."""
 
     title: str
     passed: bool
     lines: list[str] = field(default_factory=list)
     status: str = ""
     fixes: list[str] = field(default_factory=list)
+    diagnoses: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.status:
@@ -78,7 +80,9 @@ class CheckResult:
 class Hint:
     """A hint in two levels: ``concept`` (shown with the feedback) says what the symptom means and which idea
     or section to reread, with no code of the fix; ``fix`` (shown only when the reader asks for it, with
-    ``check_x.hint()``, and never to the grader) is the code-level fix. A plain ``str`` hint is a concept."""
+    ``check_x.hint()``, and never to the grader) is the code-level fix. A plain ``str`` hint is a concept. In a
+    *Spot the bug*, whose bug is the exercise, a hint with a fix is a diagnosis: ``check_x.hint()`` shows its concept
+    too, and the feedback a case that fails against one that passes."""
 
     concept: str
     fix: str = ""
@@ -210,7 +214,7 @@ def _tensor_difference(got: Tensor, expected: Tensor, atol: float) -> str | None
     problem = f"values differ in {n} of {total} entries: largest |got - expected| = {float(largest):.3g}{at}"
     if nan.any():
         problem = f"the result contains NaN ({int(nan.sum())} of {total} entries)"
-    if got.dtype != expected.dtype:  # e.g. float16, whose rounding and range may be the cause
+    if got.dtype.itemsize < expected.dtype.itemsize:  # e.g. float16, whose rounding and range may be the cause
         problem += f" (your result has dtype {got.dtype}, the expected one {expected.dtype})"
     return problem
 
@@ -430,12 +434,13 @@ def _identity(value: Any) -> Any:
     return value
 
 
-def _profiled(codes: dict[CodeType, str], called: set[str], call: Callable[[], Any]) -> Any:
+def _profiled(codes: dict[CodeType | str, str], called: set[str], call: Callable[[], Any]) -> Any:
     """``call()``, adding to ``called`` the name of each function of ``codes`` that it runs."""
 
     def profile(frame: FrameType, event: str, arg: Any) -> None:
-        if event == "call" and frame.f_code in codes:
-            called.add(codes[frame.f_code])
+        key = frame.f_code if event == "call" else getattr(arg, "__name__", None) if event == "c_call" else None
+        if key in codes:
+            called.add(codes[key])
 
     previous = sys.getprofile()
     sys.setprofile(profile)
@@ -445,10 +450,13 @@ def _profiled(codes: dict[CodeType, str], called: set[str], call: Callable[[], A
         sys.setprofile(previous)
 
 
-def _code_objects(functions: Iterable[Any]) -> dict[CodeType, str]:
-    """The code of each function, and of each method of each class, by the function's (or class's) name."""
-    codes = {}
+def _code_objects(functions: Iterable[Any]) -> dict[CodeType | str, str]:
+    """The code of each function, and of each method of each class, by the function's (or class's) name; a function
+    written in C (``torch.softmax``, ``Tensor.softmax``), which has no code, by its own name."""
+    codes: dict[CodeType | str, str] = {}
     for f in functions:
+        if inspect.isbuiltin(f) or inspect.ismethoddescriptor(f):
+            codes[f.__name__] = f.__name__
         for member in vars(f).values() if isinstance(f, type) else (f,):
             code = getattr(inspect.unwrap(member), "__code__", None) if callable(member) else None
             if isinstance(code, CodeType):
@@ -459,12 +467,13 @@ def _code_objects(functions: Iterable[Any]) -> dict[CodeType, str]:
 class Checker:
     """Runs a checker's cases: one feedback line per case, the failed cases' hints, the number of failures."""
 
-    def __init__(self, title: str, timeout_seconds: float | None = None) -> None:
-        self.title, self.failures = title, 0
+    def __init__(self, title: str, timeout_seconds: float | None = None, spot_the_bug: bool = False) -> None:
+        self.title, self.failures, self.spot_the_bug = title, 0, spot_the_bug
         self.lines: list[str] = []  # one per case
+        self.outcomes: list[tuple[str, Hint | None]] = []  # (case, its hint if it failed), one per case
         self.hints: list[Hint] = []  # of the failed cases, each once, in order
         self.timeout_seconds = timeout_seconds  # None: CASE_TIMEOUT_SECONDS, read when a case runs
-        self._refused: dict[CodeType, str] = {}  # the library's functions the answer must not call
+        self._refused: dict[CodeType | str, str] = {}  # the library's functions the answer must not call
         self._called: set[str] = set()  # those it called
 
     @contextlib.contextmanager
@@ -475,7 +484,7 @@ class Checker:
         yield
         self._refused = {}
         if self._called:  # right values, perhaps, but not the exercise: one more failed case
-            self.case(name, lambda: sorted(self._called), [], hint=hint)
+            self._fail(name, "your answer calls " + ", ".join(sorted(self._called)), hint)
 
     def case(
         self,
@@ -506,6 +515,7 @@ class Checker:
             self._fail(name, *failure)
         else:
             self.lines.append(f"  ✅ {name}")
+            self.outcomes.append((name, None))
 
     def cases(
         self,
@@ -537,24 +547,39 @@ class Checker:
         self.failures += 1
         self.lines.append(f"  ❌ {name}: {problem}")
         hint = _as_hint(hint)
+        self.outcomes.append((name, hint))
         if (hint.concept or hint.fix) and hint not in self.hints:
             self.hints.append(hint)
 
     def done(self, quiet: bool = False) -> CheckResult:
-        """The summary, one line per case, then each distinct concept of the failed cases' hints once (and how
-        to see their fixes) as a :class:`CheckResult`, printed unless ``quiet``."""
+        """The summary, one line per case, then each distinct concept of the failed cases' hints once (a *Spot the
+        bug*'s diagnoses replaced by its symptom) and how to see their fixes, as a :class:`CheckResult`, printed
+        unless ``quiet``."""
         n = len(self.lines)
         passed = self.failures == 0
         summary = f"All {n} checks passed." if passed else f"{self.failures} of {n} checks failed."
-        concepts = dict.fromkeys(h.concept for h in self.hints if h.concept)
+        held = [h for h in self.hints if self.spot_the_bug and h.fix]  # diagnoses, for check_x.hint()
+        concepts = dict.fromkeys(h.concept for h in self.hints if h.concept and h not in held)
         fixes = list(dict.fromkeys(h.fix for h in self.hints if h.fix))
         lines = [*self.lines, *(f"  Hint: {concept}" for concept in concepts)]
+        lines += [f"  Hint: {self._symptom()}"] if held else []
         if fixes:
-            lines.append(f"  For the fix in code: {self.title}.hint()")
-        result = CheckResult(f"{self.title}: {summary}", passed, lines, fixes=fixes)
+            lines.append(
+                f"  For the fix in code: {self.title}.hint()" + (" (first, what the symptom means)" if held else "")
+            )
+        diagnoses = list(dict.fromkeys(h.concept for h in held if h.concept))
+        result = CheckResult(f"{self.title}: {summary}", passed, lines, fixes=fixes, diagnoses=diagnoses)
         if not quiet:
             print(result.text)
         return result
+
+    def _symptom(self) -> str:
+        """A *Spot the bug*'s printed hint: the first case failed with a diagnosis against the first that passed."""
+        failed = next(name for name, hint in self.outcomes if hint and hint.fix)
+        right = next((name for name, hint in self.outcomes if hint is None), None)
+        if right is None:
+            return f'no case passes: start from "{failed}", and how your result there differs from the expected one.'
+        return f'"{failed}" fails where "{right}" passes: what does the first case have that the second lacks?'
 
 
 @contextlib.contextmanager
@@ -657,7 +682,9 @@ def _fixes_text(title: str, last: CheckResult | None) -> str:
         return f"{title}: {NOT_ANSWERED}: try it first; then, if a check fails, ask again."
     if not last.fixes:
         return f"{title}: no fix in code for this feedback: reread the hint above it."
-    return "\n".join([f"{title}: the fix in code for your last answer:", *(f"  - {fix}" for fix in last.fixes)])
+    means = [f"{title}: what the symptom of your last answer means:", *(f"  - {d}" for d in last.diagnoses)]
+    fixes = [f"{title}: the fix in code for your last answer:", *(f"  - {fix}" for fix in last.fixes)]
+    return "\n".join([*(means if last.diagnoses else []), *fixes])
 
 
 _LATEST: dict[str, dict[str, Any]] = {}  # checker -> the record of its last call in this process
@@ -696,7 +723,7 @@ def _run_checker(body: Callable[..., None], given: Any, answer: str, starter: Co
         return _not_answered(title, answer, spot_the_bug=starter is not None)
     if answer == "function" and not callable(given):
         return CheckResult(f"{title}: expected a function, got {type(given).__name__}", False)
-    c = Checker(title)
+    c = Checker(title, spot_the_bug=starter is not None)
     with _random_state_kept():  # the hidden cases and the answer must not disturb the reader's random streams
         body(c, given)
     return c.done(quiet=True)

@@ -34,8 +34,9 @@ def softmax(scores):
 """
 
 
-def _wrong_softmax(x: Tensor, *, bug: str) -> Tensor:
-    """The snippet's softmax with a bug of :data:`_SOFTMAX_BUGS`, NaN read as 0 (as the case runner does)."""
+def _softmax(x: Tensor, *, bug: str = "") -> Tensor:
+    """The softmax by hand, or the snippet's with a bug of :data:`_SOFTMAX_BUGS`, NaN read as 0 (as the case runner
+    does)."""
     if bug == "no max":
         e = x.exp()
     elif bug.startswith("whole max"):
@@ -67,7 +68,7 @@ _MAXIMUM = Hint(
     "a softmax is unchanged by a constant added to a whole row).",
     "subtract each row's own maximum, scores.max(dim=-1, keepdim=True).values",
 )
-_SOFTMAX_BUGS = {  # bug -> hint, for _wrong_softmax(..., bug=bug): the snippet's two bugs, alone and together
+_SOFTMAX_BUGS = {  # bug -> hint, for _softmax(..., bug=bug): the snippet's two bugs, alone and together
     "no max": Hint(
         "exp of a large score overflows to inf, and inf / inf is NaN. A softmax is unchanged by adding the same "
         "constant to every score of a row: reread 'The dot product as similarity'.",
@@ -96,10 +97,10 @@ def _softmax_error_hint(error: BaseException) -> Hint | str:
     return ""
 
 
-@checker(starter=SOFTMAX_STARTER, reference=lambda scores: torch.softmax(scores, dim=-1))
+@checker(starter=SOFTMAX_STARTER, reference=_softmax)
 def check_softmax(c: Checker, softmax: Callable[[Tensor], Tensor]) -> None:
-    """Check ``softmax(scores) -> weights`` over the last axis, numerically stable for every row.
-    Shapes: scores (..., T_k) -> (..., T_k), with any number of axes in front (or none)."""
+    """Check ``softmax(scores) -> weights`` over the last axis, numerically stable for every row, without torch's
+    softmax. Shapes: scores (..., T_k) -> (..., T_k), with any number of axes in front (or none)."""
     g = torch.Generator().manual_seed(0)
     cases = (
         ("the snippet's own example: one row (3.0, 1.0, 0.2)", torch.tensor([3.0, 1.0, 0.2])),
@@ -115,18 +116,31 @@ def check_softmax(c: Checker, softmax: Callable[[Tensor], Tensor]) -> None:
             torch.tensor([[60.0, 70.0, 65.0], [-95.0, -45.0, -85.0]]),
         ),
     )
-    c.cases(
-        softmax,
-        [(name, {"scores": scores}) for name, scores in cases],
-        lambda scores: torch.softmax(scores, dim=-1),
-        _SOFTMAX_BUGS,
-        _wrong_softmax,
-        hint=Hint(
-            f"each query's weights over the keys must be positive and sum to 1, without overflow ({_SCALED}).",
-            "e = (scores - scores.max(dim=-1, keepdim=True).values).exp(), then e / e.sum(dim=-1, keepdim=True).",
-        ),
-        error_hint=_softmax_error_hint,
+    softmaxes = (
+        torch.softmax,
+        torch.Tensor.softmax,
+        torch.special.softmax,
+        torch.log_softmax,
+        torch.Tensor.log_softmax,
     )
+    with c.refuse_library_calls(
+        *softmaxes,
+        name="fixed by hand, without torch's softmax",
+        hint="the exercise asks you to fix the snippet: torch's softmax (torch.softmax, F.softmax, nn.Softmax, "
+        "Tensor.softmax) is what the checker compares it with.",
+    ):
+        c.cases(
+            softmax,
+            [(name, {"scores": scores}) for name, scores in cases],
+            lambda scores: torch.softmax(scores, dim=-1),
+            _SOFTMAX_BUGS,
+            _softmax,
+            hint=Hint(
+                f"each query's weights over the keys must be positive and sum to 1, without overflow ({_SCALED}).",
+                "e = (scores - scores.max(dim=-1, keepdim=True).values).exp(), then e / e.sum(dim=-1, keepdim=True).",
+            ),
+            error_hint=_softmax_error_hint,
+        )
 
 
 # ---------------------------------------------------------------- Predict, then run: the spread of the scores

@@ -84,20 +84,26 @@ def check_split_heads(c: Checker, split_heads: Callable[[Tensor, int], Tensor]) 
     Shapes: x (B, T, d_model) -> (B * n_heads, T, d_head)."""
     g = torch.Generator().manual_seed(1)
     sizes = ((1, 4, 8, 2), (3, 5, 12, 3), (2, 7, 16, 4))  # B, T, d_model, n_heads
-    c.cases(
-        split_heads,
-        [
-            (f"B={B}, T={T}, d_model={d}, n_heads={h}", {"x": torch.randn(B, T, d, generator=g), "n_heads": h})
-            for B, T, d, h in sizes
-        ],
-        _fold,
-        _SPLIT_BUGS,
-        hint=Hint(
-            "row b * n_heads + h must hold head h of example b: the features h * d_head to (h + 1) * d_head - 1 "
-            f"of every position of that example ({_SPLIT_SECTION}).",
-            f"{_FOLD}.",
-        ),
-    )
+    with c.refuse_library_calls(
+        MultiHeadAttention.split_heads,
+        name="fixed by hand, without the chapter's split_heads",
+        hint="the exercise asks you to fix the snippet's fold: MultiHeadAttention.split_heads, folded, is the "
+        "layout the checker compares it with.",
+    ):
+        c.cases(
+            split_heads,
+            [
+                (f"B={B}, T={T}, d_model={d}, n_heads={h}", {"x": torch.randn(B, T, d, generator=g), "n_heads": h})
+                for B, T, d, h in sizes
+            ],
+            _fold,
+            _SPLIT_BUGS,
+            hint=Hint(
+                "row b * n_heads + h must hold head h of example b: the features h * d_head to (h + 1) * d_head - 1 "
+                f"of every position of that example ({_SPLIT_SECTION}).",
+                f"{_FOLD}.",
+            ),
+        )
 
 
 # ---------------------------------------------------------------- Spot the bug: keys reshaped with the query's length

@@ -115,23 +115,28 @@ _SINUSOIDAL_BUGS = {  # bug -> hint, for _sinusoidal(..., bug=bug)
 }
 
 
-@checker(starter=SINUSOIDAL_STARTER, reference=sinusoidal_encoding)
+@checker(starter=SINUSOIDAL_STARTER, reference=_sinusoidal)
 def check_sinusoidal_encoding(c: Checker, encoding: Callable[[int, int], Any]) -> None:
-    """Check ``encoding(max_len, d_model)``, the sinusoidal encoding of Vaswani et al. as a NumPy array or a tensor.
-    Shapes: -> (max_len, d_model)."""
-    c.cases(
-        lambda max_len, d_model: _as_tensor(encoding(max_len, d_model)),
-        [(f"max_len={n}, d_model={d}", {"max_len": n, "d_model": d}) for n, d in ((10, 8), (50, 16), (100, 64))],
+    """Check ``encoding(max_len, d_model)``, the sinusoidal encoding of Vaswani et al. as a NumPy array or a tensor,
+    without the library's. Shapes: -> (max_len, d_model)."""
+    with c.refuse_library_calls(
         sinusoidal_encoding,
-        _SINUSOIDAL_BUGS,
-        _sinusoidal,
-        hint=Hint(
-            "compare your table with tl.sinusoidal_encoding(max_len, d_model), row by row, and "
-            f"{_THE_FORMULA}: each pair holds the sine and the cosine of one angle.",
-            "angles = pos / 10000 ** (j / d_model) for pos = 0 .. max_len-1 and the even dimensions "
-            "j = 0, 2, ..., d_model-2; pe[:, 0::2] = sin(angles), pe[:, 1::2] = cos(angles).",
-        ),
-    )
+        name="fixed by hand, without tl.sinusoidal_encoding",
+        hint="the exercise asks you to fix the snippet: the library's table is what the checker compares it with.",
+    ):
+        c.cases(
+            lambda max_len, d_model: _as_tensor(encoding(max_len, d_model)),
+            [(f"max_len={n}, d_model={d}", {"max_len": n, "d_model": d}) for n, d in ((10, 8), (50, 16), (100, 64))],
+            sinusoidal_encoding,
+            _SINUSOIDAL_BUGS,
+            _sinusoidal,
+            hint=Hint(
+                "compare your table with tl.sinusoidal_encoding(max_len, d_model), row by row, and "
+                f"{_THE_FORMULA}: each pair holds the sine and the cosine of one angle.",
+                "angles = pos / 10000 ** (j / d_model) for pos = 0 .. max_len-1 and the even dimensions "
+                "j = 0, 2, ..., d_model-2; pe[:, 0::2] = sin(angles), pe[:, 1::2] = cos(angles).",
+            ),
+        )
 
 
 # ---------------------------------------------------------------- Extend: RoPE weights from the half-split layout

@@ -128,17 +128,35 @@ def _layer_norm_error_hint(e: BaseException) -> Hint | str:
     return ""
 
 
-def _library_layer_norm(features: int, eps: float) -> LayerNorm:  # its gain also under the tutorial's name
-    norm = LayerNorm(features, eps=eps)
-    norm.alpha = norm.weight
-    return norm
+class _LayerNormByHand(nn.Module):  # the tutorial's class fixed (the checker refuses the library's norms)
+    def __init__(self, features: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps, self.alpha, self.bias = eps, nn.Parameter(torch.ones(features)), nn.Parameter(torch.zeros(features))
+
+    def forward(self, x: Tensor) -> Tensor:
+        centred = x - x.mean(-1, keepdim=True)
+        return self.alpha * centred / torch.sqrt(centred.pow(2).mean(-1, keepdim=True) + self.eps) + self.bias
 
 
-@checker(starter=LAYER_NORM_STARTER, reference=_library_layer_norm)
+@checker(starter=LAYER_NORM_STARTER, reference=_LayerNormByHand)
 def check_layer_norm_module(c: Checker, layer_norm_class: Callable[..., nn.Module]) -> None:
     """Check ``layer_norm_class``: ``layer_norm_class(features, eps=...)`` must equal ``nn.LayerNorm(features,
-    eps=eps)``, its gain and shift named ``alpha`` and ``bias``. Shapes: x (..., features) -> (..., features)."""
+    eps=eps)``, its gain and shift named ``alpha`` and ``bias``, without the library's norms (no subclass of them,
+    no ``F.layer_norm``). Shapes: x (..., features) -> (..., features)."""
     torch.manual_seed(3)  # @checker restores the reader's random state afterwards
+    with c.refuse_library_calls(
+        nn.LayerNorm,
+        LayerNorm,
+        F.layer_norm,
+        torch.layer_norm,
+        name="fixed by hand, without nn.LayerNorm, tl.LayerNorm or F.layer_norm",
+        hint="the exercise asks you to fix the tutorial's class: PyTorch's LayerNorm (and the library's) is what "
+        "the checker compares it with, so a subclass of it, or a call of F.layer_norm, fixes nothing.",
+    ):
+        _layer_norm_cases(c, layer_norm_class)
+
+
+def _layer_norm_cases(c: Checker, layer_norm_class: Callable[..., nn.Module]) -> None:
     eps = 1e-5
     cases = (  # (name, x, with a learned gain and shift)
         ("at initialization, d=4 random features (where the variance matters)", torch.randn(2, 3, 4) * 3, False),

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.overrides import TorchFunctionMode
 
 from ...distillation import distillation_loss
 from ...quantization import QMAX, quantize_per_channel
@@ -168,6 +169,27 @@ _QUANTIZE_HINT = Hint(
 )
 
 
+class _NonFiniteCast(TorchFunctionMode):
+    """Notes a tensor holding NaN or inf cast to an integer dtype: the cast hides it (NaN may become 0)."""
+
+    seen = False
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if isinstance(out, Tensor) and not (out.is_floating_point() or out.dtype == torch.bool):
+            self.seen |= any(isinstance(a, Tensor) and a.is_floating_point() and not a.isfinite().all() for a in args)
+        return out
+
+
+_NAN_CAST = "NaN or inf cast to an integer"
+
+
+def _cast(quantize: Callable[[Tensor, int], Any], weight: Tensor, group_size: int) -> str:
+    with _NonFiniteCast() as mode:
+        quantize(weight, group_size)
+    return _NAN_CAST if mode.seen else "no " + _NAN_CAST
+
+
 def _per_channel_groups(weight: Tensor, group_size: int) -> tuple[Tensor, Tensor]:
     q, scale = quantize_per_channel(weight.reshape(-1, group_size))
     return q.view(weight.shape), scale.view(weight.shape[0], -1)
@@ -188,6 +210,13 @@ def check_quantize_per_group(c: Checker, quantize_per_group: Callable[[Tensor, i
             "cast the rounded integers with .to(torch.int8).",
         ),
         inputs=cases[0][1],
+    )
+    c.case(
+        "the group of zeros: no NaN or inf on its way to int8",
+        lambda weight, group_size: _cast(quantize_per_group, weight, group_size),
+        "no " + _NAN_CAST,
+        bugs={_NAN_CAST: _QUANTIZE_BUGS["zero"]},
+        inputs=cases[2][1],
     )
 
 
