@@ -47,6 +47,13 @@ def test_glue_displays_what_myst_nb_reads_and_a_word_without_quotes(shown):
     assert word == {"application/papermill.record/text/plain": "beats"}  # not "'beats'"
 
 
+def test_glue_shows_numpy_scalars_as_python_numbers(shown):
+    import numpy as np
+
+    assert evidence.glue("x", np.float64(0.5)) == 0.5 and evidence.glue("n", np.int64(3)) == 3
+    assert [data for data, _ in shown] == [{"application/papermill.record/text/plain": v} for v in ("0.5", "3")]
+
+
 def test_a_claim_that_holds_is_glued_and_recorded(shown, tmp_path, monkeypatch):
     log = tmp_path / "log.jsonl"
     monkeypatch.setenv(evidence.EVIDENCE_ENV, str(log))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import os
 import statistics
 
@@ -31,8 +32,10 @@ def glue(name: str, value: float | int | str) -> float | int | str:
     """Give ``value`` (a number, or a word such as a verdict) to the prose under ``name``; return it."""
     if not isinstance(name, str) or not name:
         raise TypeError(f"name must be a non-empty str, got {name!r}")
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+    if isinstance(value, bool) or not isinstance(value, (numbers.Real, str)):
         raise TypeError(f"value must be a number or a str, got {type(value).__name__}")
+    if not isinstance(value, str):  # a NumPy or PyTorch scalar as Python's, which the prose's format reads
+        value = int(value) if isinstance(value, numbers.Integral) else float(value)
     _display(name, value)
     _record({"name": name, "value": value})
     return value
