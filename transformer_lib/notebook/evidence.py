@@ -84,7 +84,7 @@ def sweep_table(record: dict) -> str:
         first = runs[0]["records"].get(name, {}).get("value", float("nan"))
         spread = [f"{v:.4g}" for v in (first, values[0], statistics.median(values), values[-1])]
         bounds = (("&gt;", entries[0].get("above")), ("&lt;", entries[0].get("below")))
-        asserted = " and ".join(f"{word} {b:g}" for word, b in bounds if b is not None) or "(read, not asserted)"
+        asserted = " and ".join(f"{word} {b:g}" for word, b in bounds if b is not None) or "read"
         held = f"{sum(e['held'] for e in entries)} of {len(runs)}" if entries[0].get("claim") else ""
         cells = [f"<code>{name}</code>", *spread, asserted, held]
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
