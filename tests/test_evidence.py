@@ -95,10 +95,7 @@ def test_the_sweep_table_reads_every_run():
     }  # fmt: skip
     table = evidence.sweep_table(record)
     assert "1 claims and 1 numbers read, 3 runs" in table and "<code>gain</code>" in table and "word" not in table
-    assert (
-        "<td><code>left</code></td><td>0</td><td>0</td><td>1</td><td>2</td><td>read</td><td></td>"
-        in table
-    )
+    assert "<td><code>left</code></td><td>0</td><td>0</td><td>1</td><td>2</td><td>read</td><td></td>" in table
     assert "<td>0.5</td><td>0.1</td><td>0.3</td><td>0.5</td><td>&gt; 0.2</td><td>2 of 3</td>" in table
 
 
