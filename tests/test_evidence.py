@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import nbformat
+import numpy as np
 import pytest
 
 from transformer_lib.notebook import evidence
@@ -48,8 +49,6 @@ def test_glue_displays_what_myst_nb_reads_and_a_word_without_quotes(shown):
 
 
 def test_glue_shows_numpy_scalars_as_python_numbers(shown):
-    import numpy as np
-
     assert evidence.glue("x", np.float64(0.5)) == 0.5 and evidence.glue("n", np.int64(3)) == 3
     assert [data for data, _ in shown] == [{"application/papermill.record/text/plain": v} for v in ("0.5", "3")]
 
@@ -58,7 +57,7 @@ def test_a_claim_that_holds_is_glued_and_recorded(shown, tmp_path, monkeypatch):
     log = tmp_path / "log.jsonl"
     monkeypatch.setenv(evidence.EVIDENCE_ENV, str(log))
     assert evidence.claim("gain", 0.3, above=0.2) == 0.3
-    assert repr(evidence.claim("seeds", 3, above=2.5)) == "3"  # a count is glued as a count, not 3.0
+    assert repr(evidence.claim("seeds", np.int64(3), above=2.5)) == "3"  # a count is glued as a count, not 3.0
     assert shown[0][1]["scrapbook"]["name"] == "gain"
     entry, _ = [json.loads(line) for line in log.read_text().splitlines()]
     assert entry == {"name": "gain", "value": 0.3, "above": 0.2, "below": None, "held": True, "claim": True}

@@ -41,13 +41,14 @@ def glue(name: str, value: float | int | str) -> float | int | str:
     return value
 
 
-def claim(name: str, value: float | int, *, above: float | None = None, below: float | None = None) -> float:
+def claim(name: str, value: float | int, *, above: float | None = None, below: float | None = None) -> float | int:
     """Assert ``above < value < below`` (either bound may be left out) about this run, glue ``value`` under
     ``name`` and record it, held or not; return ``value``. The bounds are the claim's margin: the appendix
     sets them beside the values every run of the sweep gave."""
     if above is None and below is None:
         raise ValueError(f"claim {name!r} needs a bound: above=, below= or both")
-    value = value if isinstance(value, int) and not isinstance(value, bool) else float(value)  # a count stays one
+    integral = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    value = int(value) if integral else float(value)  # a count stays a count (NumPy's too)
     held = math.isfinite(value) and (above is None or value > above) and (below is None or value < below)
     _display(name, value)
     _record({"name": name, "value": value, "above": above, "below": below, "held": held, "claim": True})
