@@ -1,4 +1,5 @@
-"""Speculative decoding gives exactly the target's greedy tokens, with fewer target passes when the draft agrees."""
+"""Speculative decoding gives exactly the target's greedy tokens, with fewer target passes when the draft agrees,
+and samples distributed exactly as the target's own at a temperature above 0."""
 
 from __future__ import annotations
 
@@ -133,6 +134,36 @@ def test_runs_in_eval_mode_and_restores_training_mode():
     assert torch.equal(out, target.generate(idx, 20, temperature=0))
 
 
+def joint_distribution(model: GPT, idx: torch.Tensor, vocab_size: int, temperature: float) -> torch.Tensor:
+    """Exact probability of every two-token continuation of ``idx``. Shapes: idx (1, T0) -> (vocab_size**2,)."""
+    pairs = torch.cartesian_prod(torch.arange(vocab_size), torch.arange(vocab_size))  # (V*V, 2)
+    with torch.no_grad():
+        logits = model.eval()(torch.cat([idx.expand(len(pairs), -1), pairs], dim=1))[0] / temperature
+    log_p = logits[:, -3:-1].log_softmax(dim=-1)  # (V*V, 2, V): before each of the two tokens
+    return log_p.gather(-1, pairs[:, :, None]).sum(dim=(1, 2)).exp()
+
+
+def test_sampling_keeps_the_targets_distribution_not_the_drafts():
+    """min(1, p/q) acceptance and a resample from max(0, p - q): two sampled tokens (a proposal, accepted or
+    replaced, then the bonus or a plain sample) follow the target's joint distribution, though the draft's
+    differs from it by a total variation of more than 0.3; a round that accepted every proposal would not."""
+    vocab_size, temperature, n = 4, 1.5, 3000
+    torch.manual_seed(10)
+    target = GPT(GPTConfig(vocab_size, 8, n_layers=1, n_heads=2, d_model=16, tie_weights=False))
+    draft = GPT(GPTConfig(vocab_size, 8, n_layers=1, n_heads=2, d_model=16, tie_weights=False))
+    with torch.no_grad():
+        draft.lm_head.weight.mul_(40)  # a confident draft: far from the target's distribution
+    idx = torch.tensor([[1, 3, 0]])
+    p, q = (joint_distribution(m, idx, vocab_size, temperature) for m in (target, draft))
+    assert 0.5 * (p - q).abs().sum() > 0.3
+    g = torch.Generator().manual_seed(0)
+    counts = torch.zeros(vocab_size**2)
+    for _ in range(n):
+        out, _ = speculative_generate(target, draft, idx, 2, k=1, temperature=temperature, generator=g)
+        counts[out[0, -2] * vocab_size + out[0, -1]] += 1
+    assert 0.5 * (counts / n - p).abs().sum() < 0.06  # sampling noise alone: about 0.03
+
+
 def test_errors():
     target, draft = make_target(9), make_draft(9)
     idx = prompt(9)
@@ -152,3 +183,5 @@ def test_errors():
         speculative_generate(target, draft, idx[:, :0], 5)
     with pytest.raises(ValueError, match="outside the vocabulary"):
         speculative_generate(target, draft, idx + V, 5)
+    with pytest.raises(ValueError, match="temperature must be a finite number >= 0"):
+        speculative_generate(target, draft, idx, 5, temperature=-1.0)

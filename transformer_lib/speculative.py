@@ -1,10 +1,13 @@
 """Speculative decoding: a small draft model proposes tokens, the target model checks them all in one pass.
 
-Greedy version (Leviathan et al., 2023; Chen et al., 2023, at temperature 0). Each round the draft
-proposes ``k`` tokens; one target pass gives the target's greedy choice after every prefix. The
-proposals are kept up to the first disagreement, then the target's own token is appended: 1 to
-``k + 1`` tokens per target pass, each the target's greedy choice. A rejected proposal's keys and
-values are cut from the caches (:func:`truncate_caches`).
+Leviathan et al. (2023), Chen et al. (2023). Each round the draft samples ``k`` proposals from its
+distributions q; one target pass gives the target's distributions p after every prefix. Proposal ``x`` is
+accepted with probability ``min(1, p(x) / q(x))``; the first rejected one is replaced by a sample of
+``max(0, p - q)`` (normalised), and when all are accepted a last token is sampled from p: 1 to ``k + 1``
+tokens per target pass, distributed exactly as the target's own samples. At temperature 0, p and q are
+one-hot at each model's greedy choice, and the same rule keeps the proposals up to the first
+disagreement and then appends the target's choice: the target's greedy text. A rejected proposal's keys
+and values are cut from the caches (:func:`truncate_caches`).
 """
 
 from __future__ import annotations
@@ -12,9 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor
+import torch.nn.functional as F
+from torch import Generator, Tensor
 
-from ._validate import _validate_int, _validate_token_ids
+from ._validate import _validate_int, _validate_real, _validate_token_ids
 from .attention import KVCache
 from .models import GPT
 from .utils import eval_mode
@@ -58,14 +62,16 @@ class _Draft:
     """The draft model with its cache; past its own ``block_size`` it slides its window, uncached (its
     proposals are only guesses: the window rule changes the acceptance rate, never the output)."""
 
-    def __init__(self, model: GPT, stats: SpeculativeStats) -> None:
-        self.model, self.stats = model, stats
+    def __init__(self, model: GPT, stats: SpeculativeStats, temperature: float, generator: Generator | None) -> None:
+        self.model, self.stats, self.temperature, self.generator = model, stats, temperature, generator
         self.block_size = model.config.block_size
         self.caches = model.new_caches()
 
-    def propose(self, tokens: Tensor, k: int) -> Tensor:
-        """``k`` greedy tokens after ``tokens``. Shapes: tokens (1, T) -> (1, k)."""
-        proposals = []
+    def propose(self, tokens: Tensor, k: int) -> tuple[Tensor, Tensor]:
+        """``k`` tokens sampled after ``tokens`` and the distributions they were drawn from.
+        Shapes: tokens (1, T) -> proposals (1, k), q (k, vocab_size)."""
+        proposals = [tokens[:, :0]]  # (1, 0): k may be 0
+        q = [torch.zeros(0, self.model.config.vocab_size, device=tokens.device)]
         for _ in range(k):
             if tokens.shape[1] <= self.block_size:
                 logits = _feed(self.model, tokens, self.caches)[:, -1]
@@ -73,10 +79,11 @@ class _Draft:
                 self.caches = self.model.new_caches()
                 logits = _feed(self.model, tokens[:, -self.block_size :])[:, -1]
             self.stats.draft_passes += 1
-            next_id = logits.argmax(dim=-1, keepdim=True)  # (1, 1)
+            q.append(probabilities(logits, self.temperature))  # (1, vocab_size)
+            next_id = torch.multinomial(q[-1], 1, generator=self.generator)  # (1, 1)
             proposals.append(next_id)
             tokens = torch.cat([tokens, next_id], dim=1)
-        return torch.cat(proposals, dim=1)
+        return torch.cat(proposals, dim=1), torch.cat(q)
 
     def rollback(self, length: int) -> None:
         truncate_caches(self.caches, length)
@@ -84,13 +91,19 @@ class _Draft:
 
 @torch.inference_mode()
 def speculative_generate(
-    target: GPT, draft: GPT, idx: Tensor, max_new_tokens: int, k: int = 4
+    target: GPT,
+    draft: GPT,
+    idx: Tensor,
+    max_new_tokens: int,
+    k: int = 4,
+    temperature: float = 0.0,
+    generator: Generator | None = None,
 ) -> tuple[Tensor, SpeculativeStats]:
-    """Greedy decoding of ``target``, sped up by ``k`` proposals per round from ``draft``; in eval mode.
-
-    The output equals ``target.generate(idx, max_new_tokens, temperature=0)`` (up to rounding). Both models
-    are GPTs with one ``vocab_size``; batch size 1. Once the target's context is full, the remaining tokens
-    come from ``target.generate``.
+    """Decoding of ``target`` at ``temperature``, sped up by ``k`` proposals per round from ``draft``; in eval
+    mode. At temperature 0 (the default) the output equals ``target.generate(idx, max_new_tokens,
+    temperature=0)`` (up to rounding); above 0 it is distributed as ``target.generate(idx, max_new_tokens,
+    temperature)``'s (no top-k or top-p). Both models are GPTs with one ``vocab_size``; batch size 1. Once
+    the target's context is full, the remaining tokens come from ``target.generate``.
     ``stats.target_passes + stats.accepted == stats.generated`` always holds.
 
     Shapes: idx (1, T0) -> (1, T0 + max_new_tokens).
@@ -98,16 +111,17 @@ def speculative_generate(
     Defined in chapter 9, Inference and deployment.
     """
     idx = _validate_speculative(target, draft, idx, max_new_tokens, k)
+    _validate_real("temperature", temperature, "a finite number >= 0 (0 = greedy)", lambda t: t >= 0)
     stats = SpeculativeStats()
     tokens = idx
     with eval_mode(target), eval_mode(draft):
-        drafter = _Draft(draft, stats)
+        drafter = _Draft(draft, stats, temperature, generator)
         caches = target.new_caches()  # holds every position but the last, between rounds
         while stats.generated < max_new_tokens and tokens.shape[1] < target.config.block_size:
             tokens = _round(target, drafter, tokens, caches, k, max_new_tokens - stats.generated)
     remaining = max_new_tokens - stats.generated
-    if remaining:  # the target's window slides: plain greedy decoding, one pass per token
-        tokens = target.generate(tokens, remaining, temperature=0)
+    if remaining:  # the target's window slides: plain decoding, one pass per token
+        tokens = target.generate(tokens, remaining, temperature=temperature, generator=generator)
         stats.target_passes += remaining
         stats.generated += remaining
     return tokens, stats
@@ -118,11 +132,20 @@ def _round(target: GPT, drafter: _Draft, tokens: Tensor, caches: list[KVCache], 
     target's own next token. Shapes: tokens (1, T) -> (1, T + n_accepted + 1)."""
     stats = drafter.stats
     k_round = min(k, remaining - 1, target.config.block_size - tokens.shape[1])  # yields at most k_round + 1
-    proposals = drafter.propose(tokens, k_round) if k_round else tokens[:, :0]
+    proposals, q = drafter.propose(tokens, k_round)  # (1, k_round), (k_round, vocab_size)
     logits = _feed(target, torch.cat([tokens, proposals], dim=1), caches)  # (1, *, vocab_size)
-    choices = logits[:, -(k_round + 1) :].argmax(dim=-1)  # (1, k_round + 1): after the context, each proposal
-    n_accepted = int((proposals == choices[:, :k_round])[0].long().cumprod(0).sum())  # the agreeing prefix
-    tokens = torch.cat([tokens, choices[:, : n_accepted + 1]], dim=1)
+    p = probabilities(logits[0, -(k_round + 1) :], drafter.temperature)  # (k_round + 1, vocab_size)
+    x = proposals[0]  # (k_round,)
+    steps = torch.arange(k_round)
+    u = torch.rand(k_round, generator=drafter.generator, device=p.device)
+    accept = u * q[steps, x] < p[steps, x]  # probability min(1, p(x) / q(x)); one-hot p, q: x is p's choice
+    n_accepted = int(accept.long().cumprod(0).sum())  # the accepted prefix
+    last = p[n_accepted]  # after all k_round accepted: the target's distribution, as is
+    if n_accepted < k_round:  # after a rejection: what p has more of than q
+        residual = (last - q[n_accepted]).clamp(min=0)
+        last = residual if residual.sum() > 0 else last
+    next_id = torch.multinomial(last[None], 1, generator=drafter.generator)  # (1, 1)
+    tokens = torch.cat([tokens, proposals[:, :n_accepted], next_id], dim=1)
     stats.target_passes += 1
     stats.proposed += k_round
     stats.accepted += n_accepted
@@ -130,6 +153,16 @@ def _round(target: GPT, drafter: _Draft, tokens: Tensor, caches: list[KVCache], 
     truncate_caches(caches, tokens.shape[1] - 1)  # drop the rejected proposals' keys and values
     drafter.rollback(tokens.shape[1] - 1)
     return tokens
+
+
+def probabilities(logits: Tensor, temperature: float) -> Tensor:
+    """``softmax(logits / temperature)``, or one-hot at the argmax at temperature 0; rows in float32.
+
+    Shapes: logits (N, vocab_size) -> (N, vocab_size).
+    """
+    if temperature == 0:
+        return F.one_hot(logits.argmax(dim=-1), logits.shape[-1]).float()
+    return torch.softmax(logits.float() / temperature, dim=-1)
 
 
 def _validate_speculative(target: GPT, draft: GPT, idx: Tensor, max_new_tokens: int, k: int) -> Tensor:
