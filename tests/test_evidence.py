@@ -72,6 +72,14 @@ def test_a_claim_that_fails_is_recorded_then_raised(shown, tmp_path, monkeypatch
     assert json.loads(log.read_text())["held"] is False
 
 
+def test_a_claim_not_asserted_here_is_glued_and_recorded(shown, tmp_path, monkeypatch):
+    log = tmp_path / "log.jsonl"
+    monkeypatch.setenv(evidence.EVIDENCE_ENV, str(log))
+    assert evidence.claim("gain", 0.1, above=0.2, when=False) == 0.1  # e.g. a GPU's sizes: no margin measured
+    assert json.loads(log.read_text())["held"] is False
+    assert shown[-1][0] == {"application/papermill.record/text/plain": "0.1"}
+
+
 def test_glue_and_claim_refuse_what_they_cannot_show(shown):
     with pytest.raises(ValueError, match="needs a bound"):
         evidence.claim("x", 1.0)
