@@ -172,12 +172,14 @@ def test_front_matter_names_the_configured_repository_and_no_placeholder():
 
 
 def test_run_times_come_from_the_build_table():
-    """One table of execution times, written by the build (myst-nb's nb-exec-table), cited by the intro."""
-    how_to_use = (BOOK / "how_to_use.md").read_text()
-    assert re.search(r"\(execution-times\)=\n## .*\n(?:.*\n)*?```\{nb-exec-table\}\n```", how_to_use)
+    """One table of execution times, written by the build (myst-nb's nb-exec-table) into the appendix
+    "Running this book", cited by the intro and the reader's page."""
+    running = (BOOK / "running.md").read_text()
+    assert re.search(r"\(execution-times\)=\n## .*\n(?:.*\n)*?```\{nb-exec-table\}\n```", running)
     assert "execution-times" in (BOOK / "intro.md").read_text()
-    assert "npm" in how_to_use, "how_to_use.md must say that `make book` needs npm"
-    for path in (BOOK / "intro.md", BOOK / "how_to_use.md", ROOT / "README.md"):
+    assert "execution-times" in (BOOK / "how_to_use.md").read_text()
+    assert "npm" in running, "running.md must say that `make book` needs npm"
+    for path in (BOOK / "intro.md", BOOK / "how_to_use.md", BOOK / "running.md", ROOT / "README.md"):
         assert "about a minute" not in path.read_text(), f"{path.name}: a run time not from the build's table"
 
 

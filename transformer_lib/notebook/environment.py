@@ -110,7 +110,7 @@ def setup_chapter(seed: int | None = 0) -> torch.device:
         print(  # three lines, each within the output box of the rendered book (79 columns)
             f"one PyTorch thread instead of {torch.get_num_threads()}: another process is keeping a core busy,\n"
             "and one thread ran a small training step faster\n"
-            "(How to use: threads on a busy machine)"
+            "(Running this book: threads on a busy machine)"
         )
         torch.set_num_threads(1)
     if seed is not None:
