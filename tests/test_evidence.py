@@ -135,7 +135,7 @@ def test_a_chapter_that_claims_has_a_current_sweep_with_exactly_its_claims(path)
 # ("2 of 3"). Definitions, formulas and settings go in math ($10^{-2}$, $0.02$) or code (`LR = 2e-2`);
 # measured values in {glue:text}`name` roles. Years, chapter and section numbers are plain integers.
 MEASURED = re.compile(r"\b\d+\.\d+\b|\b\d+(?:\.\d+)?\s?%|\b\d+(?:\.\d+)?\s?[x×](?![\w])|\b\d+ of \d+\b")
-FENCED_CODE = r"^(`{3,}|~{3,})(?!\{)[^\n]*\n.*?^\1"  # a code block, not a directive's fence (```{note})
+FENCED_CODE = r"^(`{3,}|~{3,})(?![`~{])[^\n]*\n.*?^\1"  # a code block, not a directive's fence (```{note})
 EXEMPT = re.compile(
     FENCED_CODE + r"|\$\$.*?\$\$|\$[^$\n]+\$|\{[\w:-]+\}`[^`]*`|`[^`\n]*`|\]\([^)]*\)|<[^>]+>", re.S | re.M
 )
@@ -153,6 +153,8 @@ def test_the_rule_finds_typed_measurements_and_spares_math_code_and_glue():
     assert measured_numbers(spared) == []
     fenced = "````{warning}\nIt is 0.5 slower:\n```python\nx = 0.5 * y\n```\n````"
     assert measured_numbers(fenced) == ["0.5"]  # a directive's text is prose; the code block inside it is not
+    exercise = "````{exercise} Bug\nIt is 0.5 slower:\n```python\nx = np.log(10000.0)\n```\n````"
+    assert measured_numbers(exercise) == ["0.5"]  # a four-backtick directive is not a code block's fence
 
 
 @pytest.mark.parametrize("path", [p for p in CHAPTERS if _names(p)[1]], ids=lambda p: p.stem)

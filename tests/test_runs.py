@@ -1,5 +1,6 @@
-"""transformer_lib.notebook.runs: fit_together (independent runs side by side on a CPU's cores) and
-map_in_processes (a list of calls, side by side in forked processes). ``explore``'s use is in test_widgets.py."""
+"""transformer_lib.notebook.runs: fit_together (independent runs side by side on a CPU's cores),
+map_in_processes (a list of calls, side by side in forked processes) and search_seeds. ``explore``'s use is
+in test_widgets.py."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import torch
 
 from transformer_lib import GPT, GPTConfig
 from transformer_lib.notebook import runs
-from transformer_lib.notebook.runs import can_fork, fit_together, map_in_processes
+from transformer_lib.notebook.runs import can_fork, fit_together, map_in_processes, search_seeds
 from transformer_lib.text import random_blocks
 from transformer_lib.training import TrainConfig, Trainer, default_loss
 
@@ -522,3 +523,32 @@ def test_what_a_forked_process_prints_goes_nowhere(capfd) -> None:
     assert map_in_processes(loud, range(4), 2) == [0, 1, 2, 3]
     out, err = capfd.readouterr()
     assert (out, err) == ("item 2\nitem 3\n", "note 2\nnote 3\n"), (out, err)  # the last share, computed here
+
+
+# ------------------------------------------------------------------------------------------- search_seeds
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_search_seeds_tries_the_whole_sample_then_stops_at_the_first_pass(workers):
+    trained = []
+
+    def train(seed):
+        trained.append(seed)
+        return seed * 10
+
+    search = search_seeds(train, lambda run: run % 30 == 0, [1, 3, 4, 6, 9, 12], at_least=2, workers=workers)
+    assert search.seeds == [1, 3] and search.runs == [10, 30] and search.passed == [False, True]
+    assert (search.seed, search.run, search.passed_in_sample) == (3, 30, 1)
+    after = search_seeds(train, lambda run: run % 30 == 0, [1, 2, 4, 6, 9, 12], at_least=2, workers=workers)
+    assert after.seeds == [1, 2, 4, 6] and after.seed == 6 and after.passed_in_sample == 0  # passes after the sample
+    every = search_seeds(train, lambda run: True, [5, 7, 8], at_least=3, workers=workers)
+    assert every.seeds == [5, 7, 8] and every.seed == 5 and every.passed_in_sample == 3  # the sample, whole
+    if workers == 1:
+        assert trained == [1, 3, 1, 2, 4, 6, 5, 7, 8]
+
+
+def test_search_seeds_says_when_no_seed_passes():
+    with pytest.raises(RuntimeError, match=r"of the 3 seeds tried: \[0, 1, 2\]"):
+        search_seeds(lambda seed: seed, lambda run: False, (0, 1, 2))
+    with pytest.raises(ValueError, match="at_least=4 seeds to try"):
+        search_seeds(lambda seed: seed, lambda run: True, (0, 1, 2), at_least=4)

@@ -7,7 +7,8 @@ Nothing in the core (``transformer_lib.*`` outside this package) imports from he
 - ``exercises``: the exercise checkers, one module per chapter (``check_softmax``, ...), and their catalogue
 - ``grade``: the classroom grader, ``transformer-grade`` (each notebook in a bubblewrap sandbox, results read
   from the kernel's execute replies)
-- ``runs``: ``fit_together`` (independent runs side by side on a CPU's cores) and ``map_in_processes``
+- ``runs``: ``fit_together`` (independent runs side by side on a CPU's cores), ``map_in_processes`` and
+  ``search_seeds`` (seeds trained in turn until a run passes a test, and how often they do)
 - ``widgets``: ``explore``, one control and an immediate picture, also in the HTML book
 - ``viz``: bertviz ``head_view``/``model_view`` that render offline in the book
 - ``plots``: ``plot_attention_grid``, ``plot_history``, ``LivePlot`` (a ``Trainer`` callback)

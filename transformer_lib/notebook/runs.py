@@ -19,7 +19,8 @@ import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 import torch
 from torch import nn
@@ -131,6 +132,74 @@ def map_in_processes(fn: Callable[[Item], Result], items: Sequence[Item], worker
         return [there[i] for i in range(here)] + ours
     finally:
         torch.set_num_threads(threads)
+
+
+@dataclass
+class SeedSearch(Generic[Result]):
+    """What :func:`search_seeds` tried: the seeds in order, each one's run, and whether the run passed."""
+
+    seeds: list[int]
+    runs: list[Result]
+    passed: list[bool]
+    sample: int  # the first ``sample`` seeds were all tried, whatever they gave: an unbiased sample
+
+    @property
+    def seed(self) -> int:
+        """The first seed whose run passed."""
+        return self.seeds[self.passed.index(True)]
+
+    @property
+    def run(self) -> Result:
+        """The first run that passed."""
+        return self.runs[self.passed.index(True)]
+
+    @property
+    def passed_in_sample(self) -> int:
+        """How many of the first ``sample`` seeds passed: the rate ``passed_in_sample / sample`` estimates."""
+        return sum(self.passed[: self.sample])
+
+
+def search_seeds(
+    train: Callable[[int], Result],
+    passes: Callable[[Result], bool],
+    seeds: Sequence[int],
+    *,
+    at_least: int = 1,
+    workers: int = 1,
+) -> SeedSearch[Result]:
+    """Train ``train(seed)`` for ``seeds`` in order and judge each run with ``passes(run)``: every one of the
+    first ``at_least`` seeds (``workers`` of them side by side, as :func:`map_in_processes`), then one more
+    at a time until a run has passed. Returns every seed tried, its run and verdict; ``.seed`` and ``.run``
+    are the first that passed, ``.passed_in_sample`` how many of the first ``at_least`` did (the seeds tried
+    after them stop at a pass, so only those ``at_least`` measure how often a seed passes). Raises
+    ``RuntimeError`` naming the seeds tried when no seed passes, and ``ValueError`` when ``seeds`` has fewer
+    than ``at_least``. With ``workers`` > 1 the runs must pickle and stay off a GPU.
+
+    Defined in chapter 3, Multi-head attention (the seeds that form an induction circuit).
+    """
+    seeds = list(seeds)
+    at_least = _validate_int("at_least", at_least, 1)
+    workers = _validate_int("workers", workers, 1)
+    if len(seeds) < at_least:
+        raise ValueError(f"at_least={at_least} seeds to try, and seeds has only {len(seeds)}: {seeds}")
+
+    def judged(seed: int) -> tuple[Result, bool]:
+        run = train(seed)
+        return run, bool(passes(run))
+
+    first = seeds[:at_least]
+    if workers > 1 and can_fork():
+        results = map_in_processes(judged, first, workers)
+    else:
+        results = [judged(seed) for seed in first]
+    for seed in seeds[at_least:]:
+        if any(ok for _, ok in results):
+            break
+        results.append(judged(seed))
+    tried = seeds[: len(results)]
+    if not any(ok for _, ok in results):
+        raise RuntimeError(f"no run passed, of the {len(tried)} seeds tried: {tried}; add seeds")
+    return SeedSearch(tried, [run for run, _ in results], [ok for _, ok in results], at_least)
 
 
 def fit_together(
