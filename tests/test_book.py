@@ -48,7 +48,7 @@ STAMP = BUILD / ".book-build.json"
 
 pytestmark = [pytest.mark.book, pytest.mark.skipif(os.environ.get("BOOK_TESTS", "1") == "0", reason="BOOK_TESTS=0")]
 
-# What each page must show (book/how_to_use.md, the README): static matplotlib figures first, at least
+# What each page must show (the README): static matplotlib figures first, at least
 # one widget per chapter, equations; the pipeline check also exercises a bertviz view.
 CHAPTER_REQUIRES = {"figure", "widget", "math"}
 EXTRA_REQUIRES = {
