@@ -61,9 +61,9 @@ BANNER = """\
 **Student notebook.** This is chapter {chapter} of [*The Transformer, executed*]({book}) with the
 solutions removed. Write your code where a cell says `# your code here` (or fix the code a
 *Spot the bug* exercise gives you), run it, then run the checker cell under it: the checker
-says which hidden case fails and gives a hint, or "not answered yet". The explanations, figures
-and solutions are in [the chapter in the book]({page}). Numbers in bold in the text are the
-book's run; your run prints its own above them, and may differ a little."""
+says which hidden case fails and gives a hint, or "not answered yet". The solutions are in
+[the chapter in the book]({page}). Numbers in bold in the text are the book's run; your run
+prints its own above them, and may differ a little."""
 
 
 def book_url(root: Path = ROOT) -> str:
