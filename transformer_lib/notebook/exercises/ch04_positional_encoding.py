@@ -22,7 +22,7 @@ ANSWER_MARKERS: dict[str, tuple[str, ...]] = {  # exercise label -> what gives i
     "ex-sinusoidal": ("-(np.log(10000.0) / d_model)", "-np.log(10000", "np.exp(-np.arange", "the minus sign"),
     "ex-direction": ("w^q (w^k)^t", "= m_1", "pe(n + 1)"),
     "ex-rope": ("(n_heads, 2, d_head // 2", "view(n_heads, 2, -1)"),
-    "ex-alibi-share": ("0.92", "0.087", "(1 - r^5)/(1 - r^{64})"),
+    "ex-alibi-share": ("(0.92, 0.087)", "1 - e^{-2.5}", "(1 - r^5)/(1 - r^{64})"),  # not bare 0.92: a run may read that
     "ex-alibi": ("[0::2][: n_heads - n]", "arange(t_k - t_q, t_k)"),
 }
 
