@@ -36,7 +36,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 QUIET_PIP := { grep -v "is ignored: it is neither a file nor a directory" || true; }
 
-.PHONY: help setup book lint format test test-fast test-floor test-lib browser sandbox student colab grade nbgrader lock \
+.PHONY: help setup book book-zh translations lint format test test-fast test-floor test-lib browser sandbox student colab grade nbgrader lock \
 	busy-check fp32-check avx2-check reseed-check evidence clean distclean
 .DEFAULT_GOAL := help
 
@@ -72,6 +72,15 @@ setup: $(STAMP)  ## the virtual environment .venv (torch, requirements.txt with 
 # jupyter-book build . -W -n --keep-going with every notebook executed (cached between builds).
 book: setup  ## the HTML book in _build/html (warnings are errors, every notebook executed)
 	$(BIN)/python scripts/build_book.py
+
+# The Chinese edition: locales/zh_CN/LC_MESSAGES/*.po compiled, the same notebooks read in zh_CN, none
+# executed again (the English build's cache). `make translations` merges a changed English text into the
+# catalogs and counts what is left to translate (scripts/translations.py).
+book-zh: book  ## the Chinese edition in _build/html-zh (the English build's executed notebooks)
+	$(BIN)/python scripts/build_book.py --language zh_CN
+
+translations: setup  ## refresh locales/zh_CN from the English text; count what needs translating
+	$(BIN)/python scripts/translations.py update
 
 # Headless Chromium for the tests that look at the built pages as a reader does (Debian package).
 browser:  ## headless Chromium, for the browser tests (apt-get, Debian)

@@ -19,8 +19,12 @@ On success it writes ``_build/.book-build.json`` (library hash, precision, packa
 duration); tests/test_book.py rebuilds when a source is newer than that file.
 
 Usage: python scripts/build_book.py [--fresh] [extra jupyter-book build options]
-  --fresh   re-read every page (jupyter-book --all), so every warning is reported again;
-            executed notebooks still come from the cache.
+       python scripts/build_book.py --language zh_CN
+  --fresh      re-read every page (jupyter-book --all), so every warning is reported again;
+               executed notebooks still come from the cache.
+  --language   the Chinese edition in _build/html-zh, after the English build (``make book-zh``): the
+               translation catalogs compiled (scripts/translations.py), the same sources read with
+               Sphinx's ``language``, every notebook from the English build's execution cache.
 """
 
 from __future__ import annotations
@@ -93,7 +97,36 @@ def jupyter_book() -> str:
     return found
 
 
+TRANSLATED = """
+from pathlib import Path
+from jupyter_book.sphinx import build_sphinx
+raise SystemExit(build_sphinx(
+    Path({root!r}), Path({out!r}), noconfig=True, path_config={config!r}, doctreedir=Path({doctrees!r}),
+    warningiserror=True, keep_going=True, force_all=True,
+    confoverrides={{"latex_individualpages": False, "nitpicky": True, "language": {language!r},
+                    "locale_dirs": [{locales!r}], "gettext_compact": False}},
+))
+"""
+
+
+def build_translation(language: str) -> int:
+    """The edition in ``language`` (``_build/html-zh``), from the English build's executed notebooks."""
+    from translations import compile_catalogs  # scripts/, next to this file
+
+    if not STAMP.is_file():
+        print("build_book: build the English book first (make book): its execution cache is shared")
+        return 2
+    out = BUILD / f"html-{language.split('_')[0]}"  # html-zh
+    script = TRANSLATED.format(root=str(ROOT), out=str(out), config=str(ROOT / "_config.yml"),
+                               doctrees=str(BUILD / f".doctrees-{language}"), language=language,
+                               locales=str(compile_catalogs()))  # fmt: skip
+    env = {**os.environ, "TRANSFORMER_BOOK_BUILD": "1", "TQDM_DISABLE": "1"}
+    return subprocess.call([sys.executable, "-c", script], cwd=ROOT, env=env)
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--language"] and len(argv) == 2:
+        return build_translation(argv[1])
     fresh = "--fresh" in argv
     extra = [a for a in argv if a != "--fresh"]
     try:

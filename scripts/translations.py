@@ -37,7 +37,7 @@ LANGUAGE = "zh_CN"
 CATALOGS = ROOT / "locales" / LANGUAGE / "LC_MESSAGES"
 COMPILED = ROOT / "_build" / "locales"
 GLUE = re.compile(r"\{glue(:\w+)?\}`([^`:]+)")
-ROLE = re.compile(r"\{(glue(?::\w+)?|ref|doc|numref|eq|cite(?::\w+)?)\}`([^`]*)`|\{term\}`(?:[^`<]*<)?([^`>]+)>?`")
+ROLE = re.compile(r"\{(glue(?::\w+)?|eq|cite(?::\w+)?)\}`([^`]*)`|\{(term|ref|doc|numref)\}`(?:[^`<]*<)?([^`>]+)>?`")
 CODE = re.compile(r"(?<![`}])`([^`]+)`")
 MATH = re.compile(r"\$\$.*?\$\$|\$[^$]+\$", re.S)
 
@@ -105,10 +105,15 @@ def status() -> None:
     print(f"{'all pages':45s} {total[0]:4d} translated {total[1]:4d} fuzzy {total[2]:4d} to do")
 
 
+def glue_by_page(text: str, page: str) -> str:
+    """``{glue:text}`name:.2f``` as ``{glue:text}`page::name:.2f```, which myst-nb resolves in a translation."""
+    return GLUE.sub(rf"{{glue\1}}`{page}::\2", text)
+
+
 def kept_markup(text: str) -> list[str]:
-    """What a translation must carry over unchanged: roles but ``{term}``'s shown words (its target stays),
-    inline code and math, sorted (a translation may reorder them)."""
-    roles = [f"{{{m[1]}}}`{m[2]}`" if m[1] else f"{{term}}`{m[3]}`" for m in ROLE.finditer(text)]
+    """What a translation must carry over unchanged: roles but the shown words of a term or a reference (its
+    target stays), inline code and math, sorted (a translation may reorder them)."""
+    roles = [f"{{{m[1]}}}`{m[2]}`" if m[1] else f"{{{m[3]}}}`{m[4]}`" for m in ROLE.finditer(text)]
     without_roles = ROLE.sub(" ", text)
     return sorted(roles + CODE.findall(without_roles) + [" ".join(m.split()) for m in MATH.findall(without_roles)])
 
@@ -130,11 +135,10 @@ def compile_catalogs() -> Path:
     for path in sorted(CATALOGS.rglob("*.po")):
         page = path.relative_to(CATALOGS).with_suffix("")
         source = next((ROOT / page).parent.glob(f"{page.name}.*"))  # the notebook or Markdown page
-        by_page = rf"{{glue\1}}`{source.name}::\2"  # {glue:text}`name` -> {glue:text}`page.ipynb::name`
         catalog = read_po(path.open("rb"), locale=LANGUAGE)
         for message in catalog:
             if message.id and message.string and not message.fuzzy:
-                message.string = GLUE.sub(by_page, message.string)
+                message.string = glue_by_page(message.string, source.name)
         out = COMPILED / LANGUAGE / "LC_MESSAGES" / page.with_suffix(".mo")
         out.parent.mkdir(parents=True, exist_ok=True)
         with out.open("wb") as f:
