@@ -9,7 +9,8 @@ list item, caption or admonition; code cells are never copied). Three steps:
   (notebooks are read, not executed) and merge it into the catalogs with Babel: new paragraphs arrive
   untranslated, changed ones keep their old translation marked fuzzy (to review), removed ones go. Prints
   per page how many entries are translated, fuzzy and untranslated.
-- ``compile``: the catalogs as the Chinese build reads them, in ``_build/locales`` (``.mo`` files). A glued
+- ``compile``: the catalogs as the Chinese build reads them, in ``_build/locales`` (Sphinx compiles those
+  ``.po`` files itself; fuzzy entries are left out, so the English shows until they are reviewed). A glued
   number, ``{glue:text}`name:.2f``` in a translation as in the English, becomes ``{glue:text}`page.ipynb::name:.2f```:
   Sphinx parses a translated paragraph as a document of its own, and myst-nb finds the page's glue data
   only through that reference.
@@ -29,14 +30,13 @@ import tempfile
 from pathlib import Path
 
 from babel.messages.catalog import Catalog
-from babel.messages.mofile import write_mo
 from babel.messages.pofile import read_po, write_po
 
 ROOT = Path(__file__).resolve().parent.parent
 LANGUAGE = "zh_CN"
 CATALOGS = ROOT / "locales" / LANGUAGE / "LC_MESSAGES"
 COMPILED = ROOT / "_build" / "locales"
-GLUE = re.compile(r"\{glue(:\w+)?\}`([^`:]+)")
+GLUE = re.compile(r"\{glue(:\w+)?\}`([^`:]+)(:[^`]*)?`")
 ROLE = re.compile(r"\{(glue(?::\w+)?|eq|cite(?::\w+)?)\}`([^`]*)`|\{(term|ref|doc|numref)\}`(?:[^`<]*<)?([^`>]+)>?`")
 CODE = re.compile(r"(?<![`}])`([^`]+)`")
 MATH = re.compile(r"\$\$.*?\$\$|\$[^$]+\$", re.S)
@@ -106,8 +106,9 @@ def status() -> None:
 
 
 def glue_by_page(text: str, page: str) -> str:
-    """``{glue:text}`name:.2f``` as ``{glue:text}`page::name:.2f```, which myst-nb resolves in a translation."""
-    return GLUE.sub(rf"{{glue\1}}`{page}::\2", text)
+    """``{glue:text}`name:.2f``` as ``{glue:text}`page::name:.2f``` (``name`` as ``page::name:s``, myst-nb's
+    default spelled out: it reads the last ``:`` as the format's), which myst-nb resolves in a translation."""
+    return GLUE.sub(lambda m: f"{{glue{m[1] or ''}}}`{page}::{m[2]}{m[3] or ':s'}`", text)
 
 
 def kept_markup(text: str) -> list[str]:
@@ -131,18 +132,18 @@ def check() -> int:
 
 
 def compile_catalogs() -> Path:
-    """``_build/locales/zh_CN/LC_MESSAGES/<page>.mo`` with the glued numbers referenced by page."""
+    """``_build/locales/zh_CN/LC_MESSAGES/<page>.po``: reviewed translations, glued numbers referenced by page."""
     for path in sorted(CATALOGS.rglob("*.po")):
         page = path.relative_to(CATALOGS).with_suffix("")
         source = next((ROOT / page).parent.glob(f"{page.name}.*"))  # the notebook or Markdown page
         catalog = read_po(path.open("rb"), locale=LANGUAGE)
         for message in catalog:
-            if message.id and message.string and not message.fuzzy:
-                message.string = glue_by_page(message.string, source.name)
-        out = COMPILED / LANGUAGE / "LC_MESSAGES" / page.with_suffix(".mo")
+            message.string = "" if message.fuzzy else glue_by_page(message.string, source.name)
+            message.flags.discard("fuzzy")
+        out = COMPILED / LANGUAGE / "LC_MESSAGES" / page.with_suffix(".po")
         out.parent.mkdir(parents=True, exist_ok=True)
         with out.open("wb") as f:
-            write_mo(f, catalog)  # fuzzy entries are left out: the English shows until they are reviewed
+            write_po(f, catalog, width=0)
     return COMPILED
 
 

@@ -47,7 +47,7 @@ def test_the_markup_rule_finds_a_lost_glue_a_changed_target_and_spares_shown_wor
 
 def test_a_translated_glue_reads_its_page(tmp_path):
     assert translations.glue_by_page("慢 {glue:text}`ratio:.0f` 倍，{glue}`n`", "01_attention.ipynb") == (
-        "慢 {glue:text}`01_attention.ipynb::ratio:.0f` 倍，{glue}`01_attention.ipynb::n`"
+        "慢 {glue:text}`01_attention.ipynb::ratio:.0f` 倍，{glue}`01_attention.ipynb::n:s`"
     )
 
 
