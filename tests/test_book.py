@@ -286,6 +286,24 @@ def test_book_builds_without_warnings(book: Path) -> None:
         assert (book / f"{doc}.html").is_file(), f"{doc}.html was not built"
 
 
+def test_the_chinese_edition_builds_from_the_english_execution(book: Path) -> None:
+    """``make book-zh``: warnings are errors, no notebook runs again (the English build's cache), and every
+    page of the toc is there in Chinese."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "build_book.py"), "--language", "zh_CN"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"the Chinese build failed (-W -n --keep-going):\n{log[-8000:]}"
+    assert "Executing notebook" not in log, "the Chinese build executed a notebook instead of reading the cache"
+    for doc in DOCS:
+        page = (book.parent / "html-zh" / f"{doc}.html").read_text(encoding="utf-8")
+        assert 'lang="zh-CN"' in page, f"html-zh/{doc}.html is not the Chinese edition's"
+    assert "软字典查找" in (book.parent / "html-zh" / "chapters" / "01_attention.html").read_text(encoding="utf-8")
+
+
 # Seconds a chapter may take to execute top to bottom on the reference machine, a 2-core AMD EPYC with AVX-512
 # (the build's own timing). Chapter 8 compiles two models with torch.compile; with a cold compile cache (a fresh
 # machine) the two first compiled steps alone took about 50 s on a 2-core CPU with native bf16, and the chapter 94 s.

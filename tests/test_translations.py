@@ -65,3 +65,12 @@ def test_every_translation_keeps_its_markup_and_types_no_measured_number(path):
         if m.string and (extra := set(measured_numbers(m.string)) - set(measured_numbers(m.id)))
     }
     assert not typed, f"{path.stem}: measured numbers typed into translations (glue them as the English does): {typed}"
+
+
+@pytest.mark.parametrize("path", CATALOGS, ids=lambda p: p.stem)
+def test_every_entry_is_translated_and_reviewed(path):
+    todo = [m.id[:60] for m in _messages(path) if not m.string or m.fuzzy]
+    assert not todo, (
+        f"{path.stem}: {len(todo)} entries untranslated or fuzzy (changed English: review the translation and "
+        f"drop its fuzzy flag), e.g. {todo[:3]}"
+    )
