@@ -111,6 +111,12 @@ def glue_by_page(text: str, page: str) -> str:
     return GLUE.sub(lambda m: f"{{glue{m[1] or ''}}}`{page}::{m[2]}{m[3] or ':s'}`", text)
 
 
+def numbered_title(text: str) -> str:
+    """``1. 注意力`` as ``1\\. 注意力``: Sphinx parses a translated title alone, where a leading ``1. `` would
+    start a list and the page would keep its English title."""
+    return re.sub(r"^(\d+)\. ", r"\1\\. ", text)
+
+
 def kept_markup(text: str) -> list[str]:
     """What a translation must carry over unchanged: roles but the shown words of a term or a reference (its
     target stays), inline code and math, sorted (a translation may reorder them)."""
@@ -138,7 +144,7 @@ def compile_catalogs() -> Path:
         source = next((ROOT / page).parent.glob(f"{page.name}.*"))  # the notebook or Markdown page
         catalog = read_po(path.open("rb"), locale=LANGUAGE)
         for message in catalog:
-            message.string = "" if message.fuzzy else glue_by_page(message.string, source.name)
+            message.string = "" if message.fuzzy else numbered_title(glue_by_page(message.string, source.name))
             message.flags.discard("fuzzy")
         out = COMPILED / LANGUAGE / "LC_MESSAGES" / page.with_suffix(".po")
         out.parent.mkdir(parents=True, exist_ok=True)

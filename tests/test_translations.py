@@ -74,3 +74,8 @@ def test_every_entry_is_translated_and_reviewed(path):
         f"{path.stem}: {len(todo)} entries untranslated or fuzzy (changed English: review the translation and "
         f"drop its fuzzy flag), e.g. {todo[:3]}"
     )
+
+
+def test_a_numbered_title_is_not_read_as_a_list():
+    assert translations.numbered_title("1. 注意力") == "1\\. 注意力"  # else the page keeps its English title
+    assert translations.numbered_title("第 1. 章") == "第 1. 章"
