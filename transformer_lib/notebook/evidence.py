@@ -34,8 +34,8 @@ def glue(name: str, value: float | int | str) -> float | int | str:
         raise TypeError(f"name must be a non-empty str, got {name!r}")
     if isinstance(value, bool) or not isinstance(value, (numbers.Real, str)):
         raise TypeError(f"value must be a number or a str, got {type(value).__name__}")
-    if not isinstance(value, str):  # a NumPy or PyTorch scalar as Python's, which the prose's format reads
-        value = int(value) if isinstance(value, numbers.Integral) else float(value)
+    if not isinstance(value, str):
+        value = _python_number(value)
     _display(name, value)
     _record({"name": name, "value": value})
     return value
@@ -50,8 +50,7 @@ def claim(
     not measured in, such as a chapter's GPU sizes) glues and records without asserting."""
     if above is None and below is None:
         raise ValueError(f"claim {name!r} needs a bound: above=, below= or both")
-    integral = isinstance(value, numbers.Integral) and not isinstance(value, bool)
-    value = int(value) if integral else float(value)  # a count stays a count (NumPy's too)
+    value = _python_number(value)
     held = math.isfinite(value) and (above is None or value > above) and (below is None or value < below)
     _display(name, value)
     _record({"name": name, "value": value, "above": above, "below": below, "held": held, "claim": True})
@@ -59,6 +58,11 @@ def claim(
         bounds = " and ".join(f"{word} {b:g}" for word, b in (("above", above), ("below", below)) if b is not None)
         raise AssertionError(f"claim {name}: {value:.4g} is not {bounds} in this run")
     return value
+
+
+def _python_number(value: float | int) -> float | int:
+    """A NumPy or PyTorch scalar as Python's, which the prose's format reads; a count stays a count."""
+    return int(value) if isinstance(value, numbers.Integral) and not isinstance(value, bool) else float(value)
 
 
 def _display(name: str, value: float | int | str) -> None:
