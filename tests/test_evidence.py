@@ -178,3 +178,14 @@ def test_the_colab_copy_prints_the_books_value_and_links_the_book():
     )
     with pytest.raises(SystemExit, match="not in this chapter's sweep"):
         converter.roles("{glue:text}`missing`")
+
+
+def test_a_cell_ending_in_glue_or_claim_prints_nothing_more(shown):
+    from IPython.core.formatters import DisplayFormatter
+
+    formatter = DisplayFormatter()
+    for name, value in (("gap", evidence.glue("gap", 0.07)), ("n", evidence.glue("n", 3)),
+                        ("word", evidence.glue("word", "beats")),
+                        ("gain", evidence.claim("gain", 0.5, above=0.2))):  # fmt: skip
+        assert formatter.format(value) == ({}, {}), value  # what IPython shows for a cell's last expression
+        assert value == {"gap": 0.07, "n": 3, "word": "beats", "gain": 0.5}[name]  # and it is still the value

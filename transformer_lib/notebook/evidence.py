@@ -28,8 +28,29 @@ class Text(str):
         return str(self)
 
 
+class _Float(float):
+    """What :func:`glue` and :func:`claim` return: the value, which a cell ending in the call does not print
+    (the prose shows it)."""
+
+    def _ipython_display_(self) -> None:
+        pass
+
+
+class _Int(int):
+    _ipython_display_ = _Float._ipython_display_
+
+
+class _Str(str):
+    _ipython_display_ = _Float._ipython_display_
+
+
+def _quiet(value: float | int | str) -> float | int | str:
+    return _Str(value) if isinstance(value, str) else _Int(value) if isinstance(value, int) else _Float(value)
+
+
 def glue(name: str, value: float | int | str) -> float | int | str:
-    """Give ``value`` (a number, or a word such as a verdict) to the prose under ``name``; return it."""
+    """Give ``value`` (a number, or a word such as a verdict) to the prose under ``name``; return it (a cell
+    ending in the call prints nothing more)."""
     if not isinstance(name, str) or not name:
         raise TypeError(f"name must be a non-empty str, got {name!r}")
     if isinstance(value, bool) or not isinstance(value, (numbers.Real, str)):
@@ -38,7 +59,7 @@ def glue(name: str, value: float | int | str) -> float | int | str:
         value = _python_number(value)
     _display(name, value)
     _record({"name": name, "value": value})
-    return value
+    return _quiet(value)
 
 
 def claim(
@@ -57,7 +78,7 @@ def claim(
     if when and not held:
         bounds = " and ".join(f"{word} {b:g}" for word, b in (("above", above), ("below", below)) if b is not None)
         raise AssertionError(f"claim {name}: {value:.4g} is not {bounds} in this run")
-    return value
+    return _Int(value) if isinstance(value, int) else _Float(value)
 
 
 def _python_number(value: float | int) -> float | int:
